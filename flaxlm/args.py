@@ -1,0 +1,108 @@
+"""Every command-line option of every script, defined once, grouped as Hugging Face grouped them.
+
+Names follow Hugging Face's run_mlm_flax.py / TrainingArguments so old command lines keep working.
+"""
+from dataclasses import dataclass
+
+from flaxlm.cli import option, required
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelArgs:
+    model_name_or_path: str | None = option(help="Hugging Face model directory (or hub name) to start from; "
+                                                 "omit to train from scratch with --config_name")
+    model_type: str | None = option(help="model family when training from scratch (bert, roberta)")
+    config_name: str | None = option(help="directory (or hub name) holding config.json")
+    tokenizer_name: str | None = option(help="directory (or hub name) holding the tokenizer")
+    use_fast_tokenizer: bool = option(True, help="accepted for compatibility; tokenizers are always fast")
+    dtype: str = option("float32", choices=DTYPES,
+                        help="compute dtype; parameters stay float32 (bfloat16 is the fast choice on TPU/GPU)")
+    token: str | None = option(help="hub token for private models and datasets")
+    trust_remote_code: bool = option(False, help="allow code from the hub (off unless asked for)")
+
+
+@dataclass
+class TextSourceArgs:
+    dataset_name: str | None = option(help="name of a `datasets` dataset (needs network unless cached)")
+    dataset_config_name: str | None = option(help="configuration of --dataset_name")
+    train_file: list[str] | None = option(help="training text: txt, json, jsonl, csv or parquet; repeatable")
+    validation_file: list[str] | None = option(help="validation text, same formats as --train_file")
+    text_column: str | None = option(help="column holding the text (default: 'text', else the only string column)")
+    streaming: bool = option(False, help="stream the data instead of loading it (corpora larger than memory)")
+    cache_dir: str | None = option(help="where downloaded models and datasets are cached")
+
+
+@dataclass
+class DataArgs:
+    validation_split_percentage: int = option(5, help="percent of train held out when there is no validation set")
+    max_seq_length: int | None = option(help="tokens per example (default: the tokenizer's model_max_length, "
+                                             "at most 512)")
+    preprocessing_num_workers: int | None = option(help="processes for tokenization")
+    overwrite_cache: bool = option(False, help="redo tokenization even if a cached result exists")
+    max_train_samples: int | None = option(help="use only this many training examples (for quick runs)")
+    max_eval_samples: int | None = option(help="use only this many validation examples")
+    line_by_line: bool = option(False, help="one example per non-empty line instead of packed blocks")
+    pad_to_max_length: bool = option(False, help="pad every example to max_seq_length (always done: static "
+                                                 "shapes); accepted for compatibility")
+    mlm_probability: float = option(0.15, help="fraction of tokens masked for the MLM loss")
+
+
+@dataclass
+class TrainingArgs:
+    output_dir: str = required(help="where checkpoints, logs and the exported model go")
+    overwrite_output_dir: bool = option(False, help="write into a non-empty output_dir (only our files are replaced)")
+    do_train: bool = option(True, help="train (on by default)")
+    do_eval: bool = option(True, help="evaluate every --eval_steps and at the end (on by default)")
+    per_device_train_batch_size: int = option(8, help="examples per device per micro-step")
+    per_device_eval_batch_size: int = option(8, help="examples per device per eval step")
+    train_batch_size: int | None = option(help="global train batch (overrides the per-device size); "
+                                               "must divide over the devices")
+    eval_batch_size: int | None = option(help="global eval batch (overrides the per-device size)")
+    gradient_accumulation_steps: int = option(1, help="micro-batches summed per optimizer step")
+    learning_rate: float = option(5e-5, help="peak learning rate")
+    weight_decay: float = option(0.0, help="decoupled weight decay (not on biases and LayerNorm)")
+    adam_beta1: float = option(0.9)
+    adam_beta2: float = option(0.999)
+    adam_epsilon: float = option(1e-8)
+    adafactor: bool = option(False, help="use Adafactor instead of AdamW")
+    max_grad_norm: float = option(1.0, help="clip gradients to this global norm (0 turns clipping off)")
+    num_train_epochs: float = option(3.0, help="epochs to train (ignored when --max_steps > 0)")
+    max_steps: int = option(-1, help="optimizer steps to train; overrides --num_train_epochs")
+    warmup_steps: int = option(0, help="linear warmup steps, then linear decay to 0")
+    logging_steps: int = option(500, help="log loss, tokens/s and MFU every N steps")
+    eval_steps: int | None = option(help="evaluate every N steps (default: logging_steps)")
+    save_steps: int = option(500, help="checkpoint every N steps")
+    save_total_limit: int | None = option(help="keep only the last N checkpoints")
+    resume_from_checkpoint: str | None = option(help="checkpoint directory, or 'latest' in output_dir")
+    seed: int = option(42, help="seed for initialization, data order, masking and dropout")
+    push_to_hub: bool = option(False, help="upload the exported model to the hub (needs network)")
+    hub_model_id: str | None = option(help="repository name for --push_to_hub")
+    hub_token: str | None = option(help="token for --push_to_hub")
+    peak_flops: float | None = option(help="device peak FLOP/s for MFU (default: known table, measured on CPU)")
+    report_to: str | None = option(help="accepted for compatibility; TensorBoard and metrics.jsonl are always written")
+
+
+@dataclass
+class TokenizerArgs:
+    output_dir: str = required(help="directory to save the tokenizer in (the model directory)")
+    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram"),
+                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT) or Unigram (T5)")
+    vocab_size: int | None = option(help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram)")
+    min_frequency: int = option(2, help="minimum count for a merge / token")
+    lowercase: bool | None = option(help="lowercase the text (default: on for wordpiece, off otherwise)")
+    model_max_length: int = option(512, help="longest sequence the tokenizer is saved for")
+    max_train_samples: int | None = option(help="train on at most this many texts")
+    overwrite_output_dir: bool = option(False, help="replace tokenizer files already in output_dir")
+
+
+@dataclass
+class ConfigArgs:
+    output_dir: str = required(help="model directory to write config.json into (usually holds the tokenizer)")
+    preset: str = option("roberta-base", help="shape preset; see create_config.py --list_presets")
+    set: list[str] | None = option(help="override config keys: --set key=value [key=value ...]")
+    tokenizer_name: str | None = option(help="tokenizer directory for vocab_size and special ids "
+                                             "(default: output_dir)")
+    list_presets: bool = option(False, help="list the presets and exit")
+    overwrite_output_dir: bool = option(False, help="replace a config.json already in output_dir")
