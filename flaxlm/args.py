@@ -99,7 +99,8 @@ class TokenizerArgs:
 
 @dataclass
 class ConfigArgs:
-    output_dir: str = required(help="model directory to write config.json into (usually holds the tokenizer)")
+    output_dir: str | None = option(help="model directory to write config.json into (usually holds the "
+                                         "tokenizer); required unless --list_presets")
     preset: str = option("roberta-base", help="shape preset; see create_config.py --list_presets")
     set: list[str] | None = option(help="override config keys: --set key=value [key=value ...]")
     tokenizer_name: str | None = option(help="tokenizer directory for vocab_size and special ids "

@@ -1,0 +1,73 @@
+"""Write a model's config.json from a shape preset, sized to the tokenizer in the model directory.
+
+    python create_config.py --output_dir runs/my-roberta --preset roberta-base
+    python create_config.py --output_dir runs/tiny --preset roberta-tiny --set num_hidden_layers=4
+    python create_config.py --output_dir runs/x --list_presets
+
+The tokenizer (from train_tokenizer.py) gives vocab_size and the pad/bos/eos ids. Nothing is downloaded.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.args import ConfigArgs  # noqa: E402
+from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.tokenizer_training import TOKENIZER_FILES  # noqa: E402
+from flaxlm.presets import PRESETS, build_config, count_params, get_preset, human, parse_overrides  # noqa: E402
+
+
+
+def list_presets():
+    for name in PRESETS:
+        config = build_config(name)
+        print(f"{name:20s} {config.model_type:10s} {human(count_params(config)):>6s} params  "
+              f"hidden {config.hidden_size}, layers {config.num_hidden_layers}, "
+              f"heads {config.num_attention_heads}, vocab {config.vocab_size}")
+
+
+def load_tokenizer(path, explicit, overrides):
+    """The tokenizer saved at path; None when there is none and vocab_size is given by --set."""
+    has_files = os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+    if not has_files:
+        if not explicit and "vocab_size" in overrides:
+            return None
+        if explicit:
+            raise UserError(f"no tokenizer found in --tokenizer_name {path}; pass a directory saved by "
+                            f"train_tokenizer.py")
+        raise UserError(f"no tokenizer found in {path}; run train_tokenizer.py --output_dir {path} first, "
+                        f"pass --tokenizer_name DIR, or give --set vocab_size=N to go without one")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a broken or foreign tokenizer directory
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"could not load the tokenizer in {path} ({first}); re-run train_tokenizer.py") from None
+
+
+def main(argv=None):
+    (args,) = parse_args(ConfigArgs, argv=argv, prog="create_config.py", description=__doc__.splitlines()[0])
+    if args.list_presets:
+        list_presets()
+        return
+    if not args.output_dir:
+        raise UserError("missing required option --output_dir (give it as a flag or in a --config_file)")
+    get_preset(args.preset)  # fail fast on a bad name
+    overrides = parse_overrides(args.set)
+    config_path = os.path.join(args.output_dir, "config.json")
+    if os.path.exists(config_path) and not args.overwrite_output_dir:
+        raise UserError(f"{config_path} already exists; pass --overwrite_output_dir to replace it")
+
+    tokenizer = load_tokenizer(args.tokenizer_name or args.output_dir, args.tokenizer_name is not None, overrides)
+    config = build_config(args.preset, tokenizer, overrides)
+    os.makedirs(args.output_dir, exist_ok=True)
+    config.save_pretrained(args.output_dir)
+    source = "tokenizer" if tokenizer is not None else "--set"
+    print(f"wrote {config_path}: preset {args.preset} ({config.model_type}, {human(count_params(config))} params), "
+          f"vocab_size {config.vocab_size} from {source}")
+
+
+if __name__ == "__main__":
+    run_main(main)

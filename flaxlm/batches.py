@@ -1,0 +1,71 @@
+"""Which rows of the corpus make the batch of each step, so that a resumed run sees the same data.
+
+ShuffledRows: epochs over fixed rows in a seeded order; the rows of any step are known without
+reading the steps before it. StreamRows: rows read in order from a stream (--streaming); a resumed
+run skips the rows already consumed. Both hand each process only its slice of the global batch.
+"""
+import numpy as np
+
+from flaxlm.errors import UserError
+
+
+def take_rows(rows, idx):
+    """rows[idx] for a numpy array or a `datasets.Dataset` with an input_ids column."""
+    if isinstance(rows, np.ndarray):
+        return rows[idx]
+    return np.asarray(rows[idx]["input_ids"], dtype=np.int32)
+
+
+class ShuffledRows:
+    def __init__(self, rows, global_batch, seed):
+        self.rows, self.global_batch, self.seed = rows, global_batch, seed
+        self.num_rows = len(rows)
+        self.steps_per_epoch = self.num_rows // global_batch
+        if self.steps_per_epoch == 0:
+            raise UserError(f"the training data has {self.num_rows} examples, fewer than one global batch "
+                            f"of {global_batch}; add data or lower the batch size")
+        self._epoch, self._perm = None, None
+
+    def epoch_of(self, step):
+        return step // self.steps_per_epoch
+
+    def batch_rows(self, step, local):
+        """The rows (this process's slice `local` of the global batch) for 0-based `step`."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+        idx = self._perm[i * self.global_batch:(i + 1) * self.global_batch][local]
+        return take_rows(self.rows, idx)
+
+
+class StreamRows:
+    """Rows from `open_stream(skip)` (an iterator of int32 [L] rows that starts after `skip` rows and
+    runs over the corpus again when it ends); batches must be asked for in step order."""
+
+    def __init__(self, open_stream, global_batch):
+        self.open_stream, self.global_batch = open_stream, global_batch
+        self._it, self._next_step = None, None
+        self.steps_per_epoch = None
+
+    def epoch_of(self, step):
+        return 0
+
+    def batch_rows(self, step, local):
+        if self._next_step != step:
+            self._it = self.open_stream(step * self.global_batch)
+        rows = [next(self._it) for _ in range(self.global_batch)]
+        self._next_step = step + 1
+        return np.stack(rows)[local].astype(np.int32)
+
+
+def eval_batches(rows, global_batch, local, pad_id):
+    """Every row of the validation set once, in order; the last batch padded with rows of pad_id
+    (which carry no targets, so every metric excludes them). Yields this process's slice."""
+    n = len(rows)
+    for start in range(0, n, global_batch):
+        chunk = take_rows(rows, np.arange(start, min(start + global_batch, n)))
+        if len(chunk) < global_batch:
+            pad = np.full((global_batch - len(chunk), chunk.shape[1]), pad_id, dtype=np.int32)
+            chunk = np.concatenate([chunk, pad])
+        yield chunk[local]

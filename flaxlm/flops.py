@@ -1,0 +1,59 @@
+"""Model FLOPs per train step (analytic) and the device peak they are measured against, for MFU.
+
+Counts matmul FLOPs (2 per multiply-add); a train step is 3x the forward (forward + 2x backward).
+"""
+import time
+
+import jax
+import jax.numpy as jnp
+
+# Dense peak FLOP/s per device (one JAX device) in bf16, from the vendors' data sheets.
+PEAK_BF16 = {
+    "TPU v2": 22.5e12, "TPU v3": 61.5e12, "TPU v4": 137.5e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12,
+    "TPU v5": 229.5e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+    "NVIDIA H100": 989e12, "NVIDIA H200": 989e12, "NVIDIA A100": 312e12, "NVIDIA L4": 121e12,
+    "NVIDIA A10G": 125e12, "NVIDIA V100": 125e12,
+}
+
+
+def encoder_mlm_train_flops(config, batch, seq_len, num_predictions):
+    """FLOPs of one train step of a BERT/RoBERTa encoder whose MLM head runs on masked slots only."""
+    d, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    per_token_layer = 8 * d * d + 4 * d * f + 4 * seq_len * d  # qkv+out, ffn, scores+weighted sum
+    head_per_slot = 2 * d * d + 2 * d * config.vocab_size
+    forward = batch * seq_len * n * per_token_layer + batch * num_predictions * head_per_slot
+    return 3 * forward
+
+
+def device_peak_flops(dtype="float32", override=None):
+    """(peak FLOP/s of one device, where the figure comes from)."""
+    if override:
+        return float(override), "--peak_flops"
+    dev = jax.devices()[0]
+    kind = getattr(dev, "device_kind", "")
+    if dev.platform != "cpu":
+        for name, peak in sorted(PEAK_BF16.items(), key=lambda kv: -len(kv[0])):
+            if kind.startswith(name):
+                scale = 1.0 if dtype in ("bfloat16", "float16") else 0.5
+                src = f"{kind} data sheet, bf16 dense" + ("" if scale == 1 else " x0.5 for fp32/tf32")
+                return peak * scale, src
+        return None, f"unknown device {kind!r}: pass --peak_flops"
+    return measure_cpu_peak(dtype), f"measured {dtype} matmul on this CPU"
+
+
+_CPU_PEAK = {}
+
+
+def measure_cpu_peak(dtype="float32", n=1024, reps=5):
+    """Best observed matmul FLOP/s of the whole CPU backend (one device per host by default)."""
+    if dtype not in _CPU_PEAK:
+        a = jnp.ones((n, n), dtype)
+        f = jax.jit(lambda x: x @ x)
+        f(a).block_until_ready()
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            f(a).block_until_ready()
+            best = min(best, time.perf_counter() - t)
+        _CPU_PEAK[dtype] = 2 * n ** 3 / best
+    return _CPU_PEAK[dtype]

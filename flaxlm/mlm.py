@@ -1,0 +1,41 @@
+"""The masked-LM objective: loss and accuracy at the masked slots only, plus its sequence limits."""
+import optax
+
+from flaxlm.errors import UserError
+from flaxlm.flops import encoder_mlm_train_flops
+from flaxlm.models import apply_model
+from flaxlm.train_loop import Objective
+
+
+def max_sequence_length(config):
+    """Longest input the encoder's position table allows (RoBERTa's positions start after pad id)."""
+    if config.model_type == "roberta":
+        return config.max_position_embeddings - config.pad_token_id - 1
+    return config.max_position_embeddings
+
+
+def resolve_seq_len(requested, tokenizer, config):
+    limit = max_sequence_length(config)
+    if requested is None:
+        return min(tokenizer.model_max_length, limit, 512)
+    if requested > limit:
+        raise UserError(f"--max_seq_length {requested} is larger than the model allows ({limit} positions "
+                        f"from max_position_embeddings={config.max_position_embeddings}); use at most {limit}")
+    if requested < 4:
+        raise UserError(f"--max_seq_length {requested} is too short; use at least 4")
+    return requested
+
+
+def mlm_objective(graphdef, config, masker, seq_len):
+    def loss_sums(params, batch, dropout_key):
+        logits = apply_model(graphdef, params, batch["input_ids"], batch["attention_mask"],
+                             masked_positions_BP=batch["masked_positions"], dropout_key=dropout_key)
+        labels, weights = batch["masked_labels"], batch["masked_weights"]
+        xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        correct = logits.argmax(-1) == labels
+        return {"loss_sum": (xent * weights).sum(), "accuracy_sum": (correct * weights).sum(),
+                "weight_sum": weights.sum()}
+
+    return Objective(loss_sums=loss_sums, collate=masker, pad_id=masker.pad_token_id,
+                     flops_per_example=encoder_mlm_train_flops(config, 1, seq_len, masker.num_predictions),
+                     tokens_per_example=seq_len)

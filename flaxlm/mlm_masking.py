@@ -1,0 +1,127 @@
+"""BERT masking for masked-LM pretraining: vectorized numpy, deterministic under a seed.
+
+Rules (those of BERT's create_pretraining_data.py, applied per row):
+- maskable positions are those holding neither a special token nor padding; n = their count.
+- exactly k = round(mlm_probability * n) of them are chosen (at least 1 when n > 0), uniformly at
+  random without replacement.
+- each chosen position, independently: 80% becomes the mask token, 10% a random token drawn
+  uniformly from the non-special vocabulary, 10% keeps its token. It is predicted in all three cases.
+
+Since k <= P = max(1, ceil(mlm_probability * seq_len)) for every row, each row has a static number P of
+prediction slots and the LM head runs on P positions per row instead of all L. Slots hold the chosen
+positions in ascending order, then empty slots (position 0, label 0, weight 0).
+
+How: every position gets a random uint32 key: bit 31 set for non-maskable positions (so they sort
+last), random bits above and the position itself in the low bits (keys are unique, and the position
+can be read back). One fast value sort per row puts a random order of the maskable positions first;
+the first k are chosen. Ties in the random bits (probability 2**-(31 - log2 L) per pair, e.g. 2**-22
+at L=512) go to the lower position, a negligible bias.
+"""
+import math
+
+import numpy as np
+
+from flaxlm.errors import UserError
+
+_BITGEN_64 = (np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64)  # 64 random bits a draw
+
+
+class MLMMasker:
+    """Masks batches of token ids [B, L]; see the module docstring for the rules."""
+
+    def __init__(self, *, seq_len, vocab_size, mask_token_id, pad_token_id, special_token_ids=(),
+                 mlm_probability=0.15):
+        if not 0.0 < mlm_probability < 1.0:
+            raise UserError(f"mlm_probability must be between 0 and 1 (exclusive), got {mlm_probability}")
+        if mask_token_id is None:
+            raise UserError("masked-LM training needs a mask token, but the tokenizer has none; "
+                            "train one with train_tokenizer.py or pick a masked-LM tokenizer")
+        if not 0 <= mask_token_id < vocab_size:
+            raise UserError(f"mask token id {mask_token_id} is outside the vocabulary of {vocab_size} tokens")
+        if not 1 <= seq_len < 2**20:
+            raise ValueError(f"seq_len must be in [1, 2**20), got {seq_len}")
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.mask_token_id = int(mask_token_id)
+        self.pad_token_id = None if pad_token_id is None else int(pad_token_id)
+        self.mlm_probability = float(mlm_probability)
+        self.num_predictions = max(1, math.ceil(mlm_probability * seq_len))  # P
+
+        specials = {int(i) for i in special_token_ids} | {self.mask_token_id}
+        if self.pad_token_id is not None:
+            specials.add(self.pad_token_id)
+        table_size = max(vocab_size, max(specials) + 1)
+        self._maskable_V = np.ones(table_size, dtype=bool)
+        self._maskable_V[list(specials)] = False
+        self._random_tokens = np.flatnonzero(self._maskable_V[:vocab_size]).astype(np.int32)
+        if self._random_tokens.size == 0:
+            raise UserError("the vocabulary has only special tokens; nothing to predict")
+
+        self._pos_bits = max(1, (seq_len - 1).bit_length())
+        self._pos_mask = np.uint32((1 << self._pos_bits) - 1)
+        self._pos_L = np.arange(seq_len, dtype=np.uint32)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, seq_len, mlm_probability=0.15):
+        """A masker for a Hugging Face tokenizer; UserError when it has no mask token."""
+        if tokenizer.mask_token_id is None:
+            where = getattr(tokenizer, "name_or_path", "") or "(in memory)"
+            raise UserError(f"tokenizer at {where} has no mask token; train it with train_tokenizer.py "
+                            f"or pick a masked-LM tokenizer")
+        return cls(seq_len=seq_len, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                   pad_token_id=tokenizer.pad_token_id, special_token_ids=tokenizer.all_special_ids,
+                   mlm_probability=mlm_probability)
+
+    def _random_u32(self, rng, shape):
+        """Uniform uint32 bits, drawn as raw 64-bit words (the cheapest draw numpy offers)."""
+        if not isinstance(rng.bit_generator, _BITGEN_64):
+            return rng.integers(0, 2**32, shape, dtype=np.uint32)
+        n = math.prod(shape)
+        return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n].reshape(shape)
+
+    def __call__(self, ids_BL, rng):
+        """Mask ids_BL [B, L] (L == seq_len) with rng (np.random.Generator); returns a dict of arrays."""
+        ids_BL = np.asarray(ids_BL, dtype=np.int32)
+        if ids_BL.ndim != 2 or ids_BL.shape[1] != self.seq_len:
+            raise ValueError(f"expected token ids of shape [batch, {self.seq_len}], got {ids_BL.shape}")
+        B, L = ids_BL.shape
+        P = self.num_predictions
+
+        # Which positions may be chosen, and how many are chosen per row.
+        maskable_BL = np.take(self._maskable_V, ids_BL)
+        n_B = maskable_BL.sum(axis=1, dtype=np.int32)
+        k_B = np.where(n_B > 0, np.maximum(1, np.rint(self.mlm_probability * n_B)), 0).astype(np.int32)
+
+        # Keys: [non-maskable flag | random bits | position]; sorting them shuffles maskable positions.
+        key_BL = self._random_u32(rng, (B, L)) >> np.uint32(1)  # bit 31 clear
+        key_BL &= ~self._pos_mask
+        key_BL |= self._pos_L
+        key_BL |= (~maskable_BL).astype(np.uint32) << np.uint32(31)
+        cand_BP = (np.sort(key_BL, axis=1)[:, :P] & self._pos_mask).astype(np.int32)
+
+        # Chosen positions ascending in the first k_B slots; empty slots after them.
+        real_BP = np.arange(P, dtype=np.int32) < k_B[:, None]
+        pos_BP = np.sort(np.where(real_BP, cand_BP, L), axis=1)
+        pos_BP = np.where(real_BP, pos_BP, 0).astype(np.int32)
+        labels_BP = np.where(real_BP, np.take_along_axis(ids_BL, pos_BP, axis=1), 0).astype(np.int32)
+
+        # 80% mask token, 10% random non-special token, 10% unchanged.
+        u_BP = rng.random((B, P), dtype=np.float32)
+        random_BP = self._random_tokens[rng.integers(0, self._random_tokens.size, (B, P), dtype=np.int32)]
+        new_BP = np.where(u_BP < 0.8, np.int32(self.mask_token_id), np.where(u_BP < 0.9, random_BP, labels_BP))
+
+        input_ids_BL = ids_BL.copy()
+        rows_BP = np.broadcast_to(np.arange(B)[:, None], (B, P))
+        input_ids_BL[rows_BP[real_BP], pos_BP[real_BP]] = new_BP[real_BP]
+
+        if self.pad_token_id is None:
+            attention_mask_BL = np.ones((B, L), dtype=np.int32)
+        else:
+            attention_mask_BL = (ids_BL != self.pad_token_id).astype(np.int32)
+        return {
+            "input_ids": input_ids_BL,
+            "attention_mask": attention_mask_BL,
+            "masked_positions": pos_BP,
+            "masked_labels": labels_BP,
+            "masked_weights": real_BP.astype(np.float32),
+        }

@@ -1,0 +1,80 @@
+"""Models: construction from a transformers config, and a functional (graphdef, params) view for jax.jit.
+
+    model = create_model(config, dtype="bfloat16")
+    graphdef, params = split_model(model)            # params: nested dict of float32 arrays, str keys
+    logits = apply_model(graphdef, params, ids_BL, mask_BL, masked_positions_BP=pos_BP, dropout_key=key)
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flaxlm.errors import UserError
+from flaxlm.models import bert
+
+# config.model_type -> module class taking (config, *, dtype, rngs). Later families register here.
+MODELS = {
+    "bert": bert.BertForMaskedLM,
+    "roberta": bert.BertForMaskedLM,
+}
+
+
+def create_model(config, dtype="float32", seed=0):
+    """A freshly initialized model for `config` (a transformers config); parameters float32."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODELS:
+        raise UserError(f"unsupported model_type {model_type!r}; supported: {', '.join(MODELS)}")
+    return MODELS[model_type](config, dtype=dtype, rngs=nnx.Rngs(seed))
+
+
+def _keys_to_str(tree):
+    return {str(k): _keys_to_str(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+def _keys_from_str(tree):
+    # nnx.List children have int keys; nnx.merge orders leaves by sorted path, so "10" < "2" would misplace them.
+    if not isinstance(tree, dict):
+        return tree
+    return {(int(k) if isinstance(k, str) and k.isdigit() else k): _keys_from_str(v) for k, v in tree.items()}
+
+
+def split_model(model):
+    """(graphdef, params): params is a nested plain dict (string keys) of the model's float32 arrays."""
+    graphdef, state = nnx.split(model, nnx.Param)
+    return graphdef, _keys_to_str(nnx.to_pure_dict(state))
+
+
+def merge_model(graphdef, params):
+    """The module for (graphdef, params); works on traced arrays inside jax.jit / jax.grad."""
+    return nnx.merge(graphdef, _keys_from_str(params))
+
+
+def apply_model(graphdef, params, *args, **kwargs):
+    """Rebuild the module from (graphdef, params) and call it: the functional form for jit/grad."""
+    return merge_model(graphdef, params)(*args, **kwargs)
+
+
+def decay_mask(params):
+    """True where weight decay applies (kernels, embeddings); False for every bias and LayerNorm scale/bias."""
+    def walk(tree):
+        return {k: (walk(v) if isinstance(v, dict) else k not in ("bias", "scale")) for k, v in tree.items()}
+    return walk(params)
+
+
+def count_params(params):
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def abstract_model(config, dtype="float32"):
+    """(graphdef, params of jax.ShapeDtypeStruct) without allocating or initializing anything."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(config, dtype)), nnx.Param)
+    return graphdef, _keys_to_str(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
+                                               nnx.to_pure_dict(state)))
+
+
+from flaxlm.models.hf_io import (  # noqa: E402  (hf_io uses the functions above)
+    from_hf_state_dict, load_config, load_pretrained, save_pretrained, to_hf_state_dict)
+
+__all__ = ["MODELS", "create_model", "split_model", "merge_model", "apply_model", "decay_mask", "count_params",
+           "abstract_model", "load_config", "load_pretrained", "save_pretrained", "to_hf_state_dict",
+           "from_hf_state_dict"]

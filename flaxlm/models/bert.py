@@ -1,0 +1,130 @@
+"""BERT and RoBERTa for masked language modeling (post-LayerNorm encoder + tied MLM head).
+
+One module serves both, configured by a transformers BertConfig / RobertaConfig. RoBERTa differs only in
+its position ids (counted from pad_token_id + 1, skipping padding) and in its head always using exact GELU.
+Parameters are float32; computation runs in `dtype`; LayerNorm statistics and logits are float32.
+"""
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxlm.errors import UserError
+from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key
+
+
+def roberta_position_ids(ids_BL, pad_id):
+    """Hugging Face's create_position_ids_from_input_ids: pad_id + 1, pad_id + 2, ... for tokens, pad_id for pads."""
+    not_pad_BL = (ids_BL != pad_id).astype(jnp.int32)
+    return jnp.cumsum(not_pad_BL, axis=1) * not_pad_BL + pad_id
+
+
+class Embeddings(nnx.Module):
+    def __init__(self, config, dtype, rngs):
+        def embed(n):
+            return nnx.Embed(n, config.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
+                             embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+        self.word = embed(config.vocab_size)
+        self.position = embed(config.max_position_embeddings)
+        self.token_type = embed(config.type_vocab_size)
+        self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps, rngs)
+        self.roberta_positions = config.model_type == "roberta"
+        self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+        self.dropout_rate = config.hidden_dropout_prob
+        self.dtype = dtype
+        # Hugging Face zeroes the padding rows at initialization.
+        self.word.embedding[...] = self.word.embedding[...].at[self.pad_id].set(0.0)
+        if self.roberta_positions:
+            self.position.embedding[...] = self.position.embedding[...].at[self.pad_id].set(0.0)
+
+    def __call__(self, ids_BL, token_type_ids_BL, key):
+        if self.roberta_positions:
+            pos_BL = roberta_position_ids(ids_BL, self.pad_id)
+        else:
+            pos_BL = jnp.arange(ids_BL.shape[1], dtype=jnp.int32)[None, :]
+        x_BLD = self.word(ids_BL) + self.token_type(token_type_ids_BL) + self.position(pos_BL)
+        x_BLD = self.norm(x_BLD).astype(self.dtype)
+        return dropout(x_BLD, self.dropout_rate, key)
+
+
+class SelfAttention(nnx.Module):
+    def __init__(self, config, dtype, rngs):
+        D, std = config.hidden_size, config.initializer_range
+        self.query = dense(D, D, dtype, std, rngs)
+        self.key = dense(D, D, dtype, std, rngs)
+        self.value = dense(D, D, dtype, std, rngs)
+        self.out = dense(D, D, dtype, std, rngs)
+        self.num_heads = config.num_attention_heads
+        self.dropout_rate = config.attention_probs_dropout_prob
+
+    def __call__(self, x_BLD, mask_BL, key):
+        B, L, D = x_BLD.shape
+        N = self.num_heads
+        q_BLNH = self.query(x_BLD).reshape(B, L, N, D // N)
+        k_BLNH = self.key(x_BLD).reshape(B, L, N, D // N)
+        v_BLNH = self.value(x_BLD).reshape(B, L, N, D // N)
+        o_BLNH = attention(q_BLNH, k_BLNH, v_BLNH, mask_BL, dropout_rate=self.dropout_rate, dropout_key=key)
+        return self.out(o_BLNH.reshape(B, L, D))
+
+
+class EncoderLayer(nnx.Module):
+    def __init__(self, config, dtype, rngs):
+        D, F, std = config.hidden_size, config.intermediate_size, config.initializer_range
+        self.attn = SelfAttention(config, dtype, rngs)
+        self.attn_norm = LayerNorm(D, config.layer_norm_eps, rngs)
+        self.mlp_in = dense(D, F, dtype, std, rngs)
+        self.mlp_out = dense(F, D, dtype, std, rngs)
+        self.mlp_norm = LayerNorm(D, config.layer_norm_eps, rngs)
+        self.act = config.hidden_act
+        self.dropout_rate = config.hidden_dropout_prob
+
+    def __call__(self, x_BLD, mask_BL, key):
+        a_BLD = self.attn(x_BLD, mask_BL, fold_key(key, 0))
+        x_BLD = self.attn_norm(x_BLD + dropout(a_BLD, self.dropout_rate, fold_key(key, 1)))
+        h_BLF = activation(self.act)(self.mlp_in(x_BLD))
+        h_BLD = self.mlp_out(h_BLF)
+        return self.mlp_norm(x_BLD + dropout(h_BLD, self.dropout_rate, fold_key(key, 2)))
+
+
+class MlmHead(nnx.Module):
+    """dense -> activation -> LayerNorm -> tied decoder (word embeddings transposed) + output bias."""
+
+    def __init__(self, config, dtype, rngs):
+        D = config.hidden_size
+        self.dense = dense(D, D, dtype, config.initializer_range, rngs)
+        self.norm = LayerNorm(D, config.layer_norm_eps, rngs)
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
+        self.act = "gelu" if config.model_type == "roberta" else config.hidden_act
+        self.dtype = dtype
+
+    def __call__(self, x_BPD, word_embeddings_VD):
+        h_BPD = self.norm(activation(self.act)(self.dense(x_BPD)))
+        logits_BPV = jnp.einsum("bpd,vd->bpv", h_BPD.astype(self.dtype), word_embeddings_VD.astype(self.dtype),
+                                preferred_element_type=jnp.float32)
+        return logits_BPV + self.bias[...]
+
+
+class BertForMaskedLM(nnx.Module):
+    """BERT or RoBERTa encoder with its masked-LM head, named as in Hugging Face's *ForMaskedLM."""
+
+    def __init__(self, config, *, dtype="float32", rngs):
+        if config.hidden_size % config.num_attention_heads:
+            raise UserError(f"hidden_size {config.hidden_size} is not a multiple of num_attention_heads "
+                            f"{config.num_attention_heads}; fix config.json")
+        activation(config.hidden_act)  # fail early on an unsupported activation
+        dtype = compute_dtype(dtype)
+        self.embeddings = Embeddings(config, dtype, rngs)
+        self.layers = nnx.List([EncoderLayer(config, dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.mlm_head = MlmHead(config, dtype, rngs)
+        self.dtype = dtype
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *,
+                 masked_positions_BP=None, dropout_key=None):
+        """Logits (float32) [B, L, V], or [B, P, V] at masked_positions_BP; dropout_key=None is eval mode."""
+        if token_type_ids_BL is None:
+            token_type_ids_BL = jnp.zeros_like(input_ids_BL)
+        x_BLD = self.embeddings(input_ids_BL, token_type_ids_BL, fold_key(dropout_key, 0))
+        for i, layer in enumerate(self.layers):
+            x_BLD = layer(x_BLD, attention_mask_BL, fold_key(dropout_key, i + 1))
+        if masked_positions_BP is not None:
+            x_BLD = jnp.take_along_axis(x_BLD, masked_positions_BP[..., None].astype(jnp.int32), axis=1)
+        return self.mlm_head(x_BLD, self.embeddings.word.embedding[...])

@@ -1,0 +1,310 @@
+"""Hugging Face checkpoints: tensor-name maps, safetensors load/save, config.json, hub download.
+
+Each model family registers a function in NAME_MAPS returning (hf_name, our_path, kind) triples, kind
+"linear" for a torch Linear weight [out, in] that is our kernel [in, out] transposed, "copy" otherwise.
+The loader is strict: every tensor is used, none is missing, every shape matches.
+"""
+import copy
+import json
+import logging
+import os
+import re
+import tempfile
+
+import numpy as np
+
+from flaxlm import models
+from flaxlm.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+SAFE_WEIGHTS = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Name maps
+
+
+def _bert_prefix(config):
+    return "roberta." if config.model_type == "roberta" else "bert."
+
+
+def bert_names(config):
+    """Tensor names of BertForMaskedLM / RobertaForMaskedLM (transformers 5) -> our parameter paths."""
+    p = _bert_prefix(config)
+    names = [
+        (f"{p}embeddings.word_embeddings.weight", ("embeddings", "word", "embedding"), "copy"),
+        (f"{p}embeddings.position_embeddings.weight", ("embeddings", "position", "embedding"), "copy"),
+        (f"{p}embeddings.token_type_embeddings.weight", ("embeddings", "token_type", "embedding"), "copy"),
+    ]
+
+    def norm(hf, ours):
+        names.extend([(f"{hf}.weight", (*ours, "scale"), "copy"), (f"{hf}.bias", (*ours, "bias"), "copy")])
+
+    def linear(hf, ours):
+        names.extend([(f"{hf}.weight", (*ours, "kernel"), "linear"), (f"{hf}.bias", (*ours, "bias"), "copy")])
+
+    norm(f"{p}embeddings.LayerNorm", ("embeddings", "norm"))
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"{p}encoder.layer.{i}.", ("layers", str(i))
+        for proj in ("query", "key", "value"):
+            linear(f"{hf}attention.self.{proj}", (*ours, "attn", proj))
+        linear(f"{hf}attention.output.dense", (*ours, "attn", "out"))
+        norm(f"{hf}attention.output.LayerNorm", (*ours, "attn_norm"))
+        linear(f"{hf}intermediate.dense", (*ours, "mlp_in"))
+        linear(f"{hf}output.dense", (*ours, "mlp_out"))
+        norm(f"{hf}output.LayerNorm", (*ours, "mlp_norm"))
+    if config.model_type == "roberta":
+        linear("lm_head.dense", ("mlm_head", "dense"))
+        norm("lm_head.layer_norm", ("mlm_head", "norm"))
+        names.append(("lm_head.bias", ("mlm_head", "bias"), "copy"))
+    else:
+        linear("cls.predictions.transform.dense", ("mlm_head", "dense"))
+        norm("cls.predictions.transform.LayerNorm", ("mlm_head", "norm"))
+        names.append(("cls.predictions.bias", ("mlm_head", "bias"), "copy"))
+    return names
+
+
+def _bert_normalize(config, tensors, notes):
+    """Accept older and bare checkpoints: add the model prefix, rename gamma/beta, drop buffers, the pooler,
+    the NSP head and tied copies of the decoder (checked equal to what we tie them to)."""
+    p = _bert_prefix(config)
+    head = "lm_head." if config.model_type == "roberta" else "cls.predictions."
+    out, dropped = {}, []
+    for name, x in tensors.items():
+        if name.split(".")[0] in ("embeddings", "encoder", "pooler"):  # a bare BertModel / RobertaModel
+            name = p + name
+        name = re.sub(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight", name)
+        name = re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", name)
+        if name.endswith((".position_ids", ".token_type_ids")):
+            continue  # non-persistent buffers older transformers saved
+        if name.startswith((f"{p}pooler.", "cls.seq_relationship.")):
+            dropped.append(name)
+            continue
+        out[name] = x
+    if dropped:
+        notes.append(f"ignored {len(dropped)} tensor(s) masked-LM training does not use (pooler / next-sentence "
+                     f"head): {', '.join(sorted(dropped))}")
+    word = out.get(f"{p}embeddings.word_embeddings.weight")
+    decoder_w = out.pop(f"{head}decoder.weight", None)
+    if decoder_w is not None and word is not None and (
+            decoder_w.shape != word.shape or not np.allclose(decoder_w, word)):
+        raise UserError(f"tensor {head}decoder.weight differs from {p}embeddings.word_embeddings.weight; only "
+                        f"checkpoints with tied input/output embeddings are supported")
+    decoder_b = out.pop(f"{head}decoder.bias", None)
+    if decoder_b is not None:
+        out.setdefault(f"{head}bias", decoder_b)
+    return out
+
+
+# config.model_type -> (names(config), normalize(config, tensors, notes) -> tensors, architecture)
+NAME_MAPS = {
+    "bert": (bert_names, _bert_normalize, "BertForMaskedLM"),
+    "roberta": (bert_names, _bert_normalize, "RobertaForMaskedLM"),
+}
+
+
+def _name_map(config):
+    model_type = getattr(config, "model_type", None)
+    if model_type not in NAME_MAPS:
+        raise UserError(f"unsupported model_type {model_type!r}; supported: {', '.join(NAME_MAPS)}")
+    return NAME_MAPS[model_type]
+
+
+def _get(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _set(tree, path, value):
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+def _list(names, limit=5):
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+# ---------------------------------------------------------------------------------------------------------
+# State dicts
+
+
+def to_hf_state_dict(config, params):
+    """Our params -> {Hugging Face tensor name: float32 numpy array}, as save_pretrained of *ForMaskedLM writes."""
+    names, _, _ = _name_map(config)
+    out = {}
+    for hf, path, kind in names(config):
+        x = np.asarray(_get(params, path), dtype=np.float32)
+        out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
+    return out
+
+
+def from_hf_state_dict(config, tensors, *, init_params=None, seed=0):
+    """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays).
+
+    A bare encoder checkpoint (no MLM head) keeps the head from `init_params` (default: a fresh init from seed)
+    and logs a warning. Any other missing, unexpected or wrongly shaped tensor is a UserError.
+    """
+    names, normalize, _ = _name_map(config)
+    notes = []
+    tensors = normalize(config, dict(tensors), notes)
+    _, shapes = models.abstract_model(config)
+    expected = names(config)
+    missing = [hf for hf, _, _ in expected if hf not in tensors]
+    head_missing = [hf for hf, path, _ in expected if path[0] == "mlm_head"]
+    if missing and set(missing) == set(head_missing):
+        if init_params is None:
+            _, init_params = models.split_model(models.create_model(config, seed=seed))
+        notes.append("the checkpoint has no masked-LM head (a bare encoder); the head starts freshly initialized")
+        tensors = dict(tensors)
+        for hf, path, kind in expected:
+            if path[0] == "mlm_head":
+                x = np.asarray(_get(init_params, path), np.float32)
+                tensors[hf] = x.T if kind == "linear" else x
+        missing = []
+    if missing:
+        raise UserError(f"checkpoint is missing tensor(s) {_list(missing)}; it does not match config.json "
+                        f"(model_type {config.model_type!r}, {config.num_hidden_layers} layers)")
+    unexpected = set(tensors) - {hf for hf, _, _ in expected}
+    if unexpected:
+        raise UserError(f"checkpoint has unexpected tensor(s) {_list(unexpected)}; it does not match config.json "
+                        f"(model_type {config.model_type!r}, {config.num_hidden_layers} layers)")
+    params = {}
+    for hf, path, kind in expected:
+        want = tuple(_get(shapes, path).shape)
+        want_hf = want[::-1] if kind == "linear" else want
+        x = np.asarray(tensors[hf])
+        if tuple(x.shape) != want_hf:
+            raise UserError(f"tensor {hf} has shape {tuple(x.shape)} but config.json implies {want_hf}; "
+                            f"use the config.json the checkpoint was saved with")
+        x = x.astype(np.float32)
+        _set(params, path, np.ascontiguousarray(x.T if kind == "linear" else x))
+    for note in notes:
+        logger.warning("%s", note)
+    return params
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files
+
+
+def _atomic_write(path, write):
+    """Call write(tmp_path) then move the file into place, so a crash never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_pretrained(output_dir, config, params):
+    """Write config.json and model.safetensors (float32) loadable by transformers' AutoModelForMaskedLM."""
+    from safetensors.numpy import save_file
+
+    _, _, architecture = _name_map(config)
+    os.makedirs(output_dir, exist_ok=True)
+    config = copy.deepcopy(config)
+    config.architectures = [architecture]
+    config.tie_word_embeddings = True
+    config.dtype = "float32"
+    tensors = to_hf_state_dict(config, params)
+    _atomic_write(os.path.join(output_dir, SAFE_WEIGHTS), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    _atomic_write(os.path.join(output_dir, "config.json"), lambda p: config.to_json_file(p, use_diff=True))
+
+
+def _looks_local(path):
+    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
+
+
+def resolve_dir(path, allow_patterns=("config.json", "*.safetensors", "*.json")):
+    """A local directory for `path`: itself if local, else a snapshot downloaded from the hub."""
+    path = os.fspath(path)
+    if os.path.isdir(os.path.expanduser(path)):
+        return os.path.expanduser(path)
+    if os.path.exists(path):
+        raise UserError(f"{path} is a file; pass the model directory holding config.json")
+    if _looks_local(path):
+        raise UserError(f"directory {path} does not exist; pass a model directory holding config.json")
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(path, allow_patterns=list(allow_patterns))
+    except Exception as e:  # network, auth, offline mode, unknown repo
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not download {path} from the hub ({type(e).__name__}: {reason}); download it "
+                        f"beforehand and pass the local directory") from None
+
+
+def load_config(path):
+    """The transformers config in directory `path` (or a hub name); UserError if absent or invalid."""
+    from transformers import AutoConfig
+
+    path = resolve_dir(path, allow_patterns=("config.json",))
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise UserError(f"no config.json in {path}; pass a model directory (create one with create_config.py)")
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"invalid config.json in {path} ({reason}); fix or regenerate it") from None
+
+
+def read_safetensors(path):
+    """{name: numpy array} from model.safetensors or the shards listed in model.safetensors.index.json."""
+    from safetensors import safe_open
+
+    index = os.path.join(path, SAFE_INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise UserError(f"invalid {index} ({e}); re-save the model") from None
+    elif os.path.isfile(os.path.join(path, SAFE_WEIGHTS)):
+        files = [SAFE_WEIGHTS]
+    elif any(os.path.isfile(os.path.join(path, f)) for f in PICKLE_WEIGHTS):
+        raise UserError(f"{path} has only a pickle checkpoint (pytorch_model.bin), which is never unpickled here; "
+                        f"convert it: AutoModelForMaskedLM.from_pretrained(dir).save_pretrained(dir, "
+                        f"safe_serialization=True)")
+    else:
+        raise UserError(f"no {SAFE_WEIGHTS} in {path}; pass a directory written by save_pretrained")
+    tensors = {}
+    for name in files:
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise UserError(f"shard {file} listed in {SAFE_INDEX} is missing; download the whole model again")
+        try:
+            with safe_open(file, framework="np") as f:
+                for k in f.keys():
+                    tensors[k] = f.get_tensor(k)
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read {file} ({e}); the file is damaged, download or export it again") from None
+        except Exception as e:  # safetensors raises its own SafetensorError for corrupt headers
+            raise UserError(f"cannot read {file} ({type(e).__name__}: {e}); the file is damaged, download or "
+                            f"export it again") from None
+    return tensors
+
+
+def load_pretrained(path, dtype="float32", *, seed=0):
+    """(config, model) from a directory holding config.json + safetensors (or a hub name); compute in dtype.
+
+    A bare encoder checkpoint gets a fresh MLM head initialized from `seed` (logged as a warning).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    path = resolve_dir(path)
+    config = load_config(path)
+    _name_map(config)
+    graphdef, _ = models.abstract_model(config, dtype)
+    params = from_hf_state_dict(config, read_safetensors(path), seed=seed)
+    return config, models.merge_model(graphdef, jax.tree.map(jnp.asarray, params))

@@ -1,0 +1,88 @@
+"""Building blocks shared by the models: dtypes, activations, dropout with an explicit key, attention.
+
+Shape suffixes: B batch, L/T query length, S key length, D model width, N heads, H head width, F MLP width.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxlm.errors import UserError
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # exact erf GELU, Hugging Face's "gelu"
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+}
+
+
+def compute_dtype(dtype):
+    """'float32' / 'bfloat16' / 'float16' (or the jnp dtype) -> the jnp dtype."""
+    name = jnp.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name not in COMPUTE_DTYPES:
+        raise UserError(f"unsupported dtype {dtype!r}; use one of {', '.join(COMPUTE_DTYPES)}")
+    return COMPUTE_DTYPES[name]
+
+
+def activation(name):
+    if name not in ACTIVATIONS:
+        raise UserError(f"unsupported hidden_act {name!r} in config.json; use one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def fold_key(key, *ids):
+    """A dropout key for one site: `key` folded with each id in turn; None stays None (no dropout)."""
+    if key is None:
+        return None
+    for i in ids:
+        key = jax.random.fold_in(key, i)
+    return key
+
+
+def dropout(x, rate, key):
+    """Inverted dropout; identity when key is None (eval) or rate is 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x)).astype(x.dtype)
+
+
+def dense(d_in, d_out, dtype, std, rngs, use_bias=True):
+    """A Linear with float32 parameters, normal(std) kernel [in, out], zero bias, computing in dtype."""
+    return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
+                      kernel_init=nnx.initializers.normal(std), bias_init=nnx.initializers.zeros, rngs=rngs)
+
+
+class LayerNorm(nnx.LayerNorm):
+    """LayerNorm with float32 parameters and statistics; returns the input's dtype."""
+
+    def __init__(self, dim, eps, rngs):
+        super().__init__(dim, epsilon=eps, dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs)
+
+    def __call__(self, x):
+        return super().__call__(x.astype(jnp.float32)).astype(x.dtype)
+
+
+def attention(q_BTNH, k_BSNH, v_BSNH, mask_BS=None, *, dropout_rate=0.0, dropout_key=None):
+    """Softmax attention; mask_BS (bool, True = attend) hides padding keys.
+
+    Without dropout this is jax.nn.dot_product_attention; with a key and rate > 0 the probabilities are
+    computed explicitly (float32) so they can be dropped out as Hugging Face does.
+    """
+    mask_B11S = None if mask_BS is None else mask_BS[:, None, None, :].astype(bool)
+    if dropout_key is None or dropout_rate == 0.0:
+        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask_B11S)
+    scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
+    logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32) * scale
+    if mask_B11S is not None:
+        logits_BNTS = jnp.where(mask_B11S, logits_BNTS, jnp.finfo(jnp.float32).min)
+    probs_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)
+    probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_key).astype(v_BSNH.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS, v_BSNH)

@@ -1,0 +1,180 @@
+"""Model shape presets, and building a Hugging Face config from one (create_config.py).
+
+A preset is a plain dict: `model_type` picks the transformers config class (through
+`AutoConfig.for_model`), every other key is a field of that class. The full-size presets copy the
+Hugging Face hub configs exactly; the tiny/small ones are for tests and the CPU demo. A new model
+family is one more entry here with its own model_type (t5, gpt2, opt, llama, ...).
+"""
+import difflib
+import re
+
+import yaml
+
+from flaxlm.errors import UserError
+
+_ROBERTA = dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
+                layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, hidden_act="gelu",
+                hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
+_BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
+             layer_norm_eps=1e-12, pad_token_id=0, hidden_act="gelu",
+             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
+
+
+def _shape(hidden, layers, heads, intermediate):
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=intermediate)
+
+
+PRESETS = {
+    "roberta-base": {**_ROBERTA, **_shape(768, 12, 12, 3072)},
+    "roberta-large": {**_ROBERTA, **_shape(1024, 24, 16, 4096)},
+    "bert-base-uncased": {**_BERT, **_shape(768, 12, 12, 3072)},
+    "bert-large-uncased": {**_BERT, **_shape(1024, 24, 16, 4096)},
+    # small shapes for tests and the CPU demo (RoBERTa positions start at pad_token_id + 1: 2 extra)
+    "roberta-small": {**_ROBERTA, **_shape(128, 4, 4, 512), "vocab_size": 8192, "max_position_embeddings": 258},
+    "roberta-tiny": {**_ROBERTA, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 130},
+    "bert-tiny": {**_BERT, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 128},
+}
+
+# Special tokens looked up by text when the tokenizer does not name them (e.g. a bare tokenizer.json).
+_SPECIAL_TOKENS = {"pad_token_id": ("<pad>", "[PAD]"), "bos_token_id": ("<s>",), "eos_token_id": ("</s>",)}
+_NOT_OVERRIDABLE = {"model_type", "transformers_version", "_name_or_path"}
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")  # 1e-5: a string to yaml 1.1
+
+
+def get_preset(name):
+    """The preset dict (a copy) for name; UserError listing the presets when unknown."""
+    if name not in PRESETS:
+        near = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise UserError(f"unknown preset '{name}'; {hint}presets: {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
+
+
+def parse_overrides(items):
+    """['key=value', ...] -> {key: value}; values are yaml-typed (4 -> int, 0.1 -> float, true -> bool)."""
+    out = {}
+    for item in items or ():
+        key, sep, raw = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"--set expects key=value, got '{item}'")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str) and _FLOAT.match(value.strip()):
+            value = float(value)
+        out[key] = value
+    return out
+
+
+def _valid_keys(config):
+    keys = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    return {k for k in keys if not k.startswith("_")} - _NOT_OVERRIDABLE
+
+
+def _check_value(key, value, default):
+    """The override's type must fit the default's (number for number, bool for bool); floats accept ints."""
+    if value is None or default is None or (key.endswith("_token_id") and isinstance(value, list)):
+        return value
+    numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise UserError(f"config key '{key}' takes true or false, got {value!r}")
+    if numeric and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise UserError(f"config key '{key}' takes a number, got {value!r}")
+    if isinstance(default, int) and numeric and isinstance(value, float):
+        if not value.is_integer():
+            raise UserError(f"config key '{key}' takes an integer, got {value!r}")
+        return int(value)
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _special_ids(tokenizer):
+    vocab = tokenizer.get_vocab()
+    out = {}
+    for key, texts in _SPECIAL_TOKENS.items():
+        tid = getattr(tokenizer, key, None)
+        if tid is None:
+            tid = next((vocab[t] for t in texts if t in vocab), None)
+        if tid is not None:
+            out[key] = int(tid)
+    return out
+
+
+def _check_shapes(config):
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value <= 0:
+            raise UserError(f"config key '{key}' must be positive, got {value}")
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if getattr(config, "head_dim", None) is None and hidden and heads and hidden % heads:
+        raise UserError(f"hidden_size {hidden} must be divisible by num_attention_heads {heads}")
+
+
+def build_config(preset, tokenizer=None, overrides=None):
+    """A transformers config from a preset name, sized to tokenizer, with overrides winning.
+
+    overrides: {key: value} or ['key=value', ...]. With a tokenizer, vocab_size = len(tokenizer) and
+    pad/bos/eos ids are the tokenizer's.
+    """
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    fields = get_preset(preset)
+    model_type = fields.pop("model_type")
+    if isinstance(overrides, (list, tuple)):
+        overrides = parse_overrides(overrides)
+    overrides = dict(overrides or {})
+
+    default = AutoConfig.for_model(model_type)
+    valid = _valid_keys(default)
+    for key, value in overrides.items():
+        if key == "model_type":
+            raise UserError(f"model_type comes from the preset ({model_type}); pick another --preset instead")
+        if key not in valid:
+            near = difflib.get_close_matches(key, sorted(valid), n=3)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise UserError(f"unknown config key '{key}' for {model_type}{hint}")
+        overrides[key] = _check_value(key, value, getattr(default, key, None))
+
+    if tokenizer is not None:
+        fields["vocab_size"] = len(tokenizer)
+        fields.update(_special_ids(tokenizer))
+        vocab_size = overrides.get("vocab_size")
+        if vocab_size is not None and vocab_size < len(tokenizer):
+            raise UserError(f"tokenizer has {len(tokenizer)} tokens but vocab_size is {vocab_size}; "
+                            f"raise vocab_size or drop the override")
+    fields.update(overrides)
+    try:
+        config = AutoConfig.for_model(model_type, **fields)
+    except (TypeError, ValueError, StrictDataclassError) as e:
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        raise UserError(f"bad config value: {lines[-1] if lines else type(e).__name__}") from None
+    _check_shapes(config)
+    return config
+
+
+def count_params(config):
+    """Parameters of an encoder (BERT/RoBERTa with pooler and MLM head, tied embeddings); None if unknown."""
+    if config.model_type not in ("bert", "roberta"):
+        return None
+    H, I, N = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    embeddings = (config.vocab_size + config.max_position_embeddings + config.type_vocab_size) * H + 2 * H
+    layer = 4 * H * H + 4 * H + 2 * H * I + I + H + 4 * H
+    pooler = H * H + H
+    mlm_head = H * H + H + 2 * H + config.vocab_size
+    return embeddings + N * layer + pooler + mlm_head
+
+
+def human(n):
+    """125_000_000 -> '125M'."""
+    if n is None:
+        return "?"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)

@@ -1,0 +1,201 @@
+"""The training loop every pretraining script shares.
+
+One jitted train step over the device mesh (params replicated, batch split), gradient accumulation
+inside the step, loss normalized by the global count of target tokens, a fresh dropout key per step,
+periodic logging (loss, tokens/s, MFU), evaluation over the whole validation set, Orbax checkpoints
+and exact resume. What differs between objectives comes in as an Objective.
+"""
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from flaxlm import mesh as meshlib
+from flaxlm.batches import eval_batches
+from flaxlm.checkpoint import Checkpointer, resolve_resume
+from flaxlm.errors import UserError
+from flaxlm.flops import device_peak_flops
+
+
+@dataclasses.dataclass
+class Objective:
+    """loss_sums(params, batch, dropout_key or None) -> dict of sums with 'loss_sum' and 'weight_sum'
+    (the count of target tokens) and any other '*_sum' metric; collate(rows_BL, rng) -> numpy batch."""
+    loss_sums: Callable
+    collate: Callable
+    pad_id: int
+    flops_per_example: float
+    tokens_per_example: int
+
+
+def make_train_step(loss_sums, tx, accum_steps):
+    """(state, batch, key) -> (state, metrics). With accumulation, batch leaves are [accum, B, ...]."""
+    def grads_and_sums(params, batch, key):
+        def f(p):
+            sums = loss_sums(p, batch, key)
+            return sums["loss_sum"], sums
+        (_, sums), grads = jax.value_and_grad(f, has_aux=True)(params)
+        return grads, sums
+
+    def step(state, batch, key):
+        params = state["params"]
+        if accum_steps == 1:
+            grads, sums = grads_and_sums(params, batch, key)
+        else:
+            def body(carry, xs):
+                i, micro = xs
+                out = grads_and_sums(params, micro, jax.random.fold_in(key, i))
+                return jax.tree.map(jnp.add, carry, out), None
+            first = jax.tree.map(lambda x: x[0], batch)
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                 jax.eval_shape(grads_and_sums, params, first, key))
+            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum_steps), batch))
+        count = jnp.maximum(sums["weight_sum"], 1.0)
+        grads = jax.tree.map(lambda g: g / count, grads)  # loss = sum over the global batch / global count
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
+                     "opt_state": opt_state}
+        metrics = {k.removesuffix("_sum"): v / count for k, v in sums.items() if k != "weight_sum"}
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        return new_state, metrics
+    return step
+
+
+def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
+    """Exact metrics over every validation row (padding rows count for nothing)."""
+    local = meshlib.local_rows(global_batch, mesh)
+    sharding = meshlib.batch_sharding(mesh)
+    totals = None
+    n_batches = math.ceil(len(rows) / global_batch)
+    for i, chunk in enumerate(tqdm(eval_batches(rows, global_batch, local, objective.pad_id), total=n_batches,
+                                   desc="eval", leave=False, disable=jax.process_index() != 0)):
+        batch = objective.collate(chunk, np.random.default_rng([seed, 2, i]))
+        sums = eval_step(params, meshlib.to_device_batch(batch, sharding))
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    totals = jax.device_get(totals)
+    count = max(float(totals["weight_sum"]), 1.0)
+    out = {k.removesuffix("_sum"): float(v) / count for k, v in totals.items() if k != "weight_sum"}
+    out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
+    out["target_tokens"] = int(totals["weight_sum"])
+    return out
+
+
+def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh, total_steps,
+          micro_batch, eval_batch, log, dtype="float32", on_save=None):
+    """Run the loop to total_steps; returns the final params (replicated jax arrays)."""
+    accum = args.gradient_accumulation_steps
+    global_batch = micro_batch * accum
+    local = meshlib.local_rows(micro_batch, mesh)
+    batch_sharding = meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0)
+    repl = meshlib.replicated(mesh)
+
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    state = jax.device_put(state, repl)
+    train_step = jax.jit(make_train_step(objective.loss_sums, tx, accum),
+                         in_shardings=(repl, batch_sharding, repl), out_shardings=(repl, repl), donate_argnums=0)
+    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None), in_shardings=(repl, meshlib.batch_sharding(mesh)),
+                        out_shardings=repl)
+
+    checkpointer = Checkpointer(args.output_dir, max_to_keep=args.save_total_limit)
+    seed, start = args.seed, 0
+    if args.resume_from_checkpoint:
+        start, resume_dir = resolve_resume(args.resume_from_checkpoint, args.output_dir)
+        source = checkpointer if resume_dir == args.output_dir else Checkpointer(resume_dir)
+        state, meta = source.restore(start, state)
+        if meta.get("global_batch") != global_batch or meta.get("num_train_rows") != _num_rows(train_rows):
+            raise UserError(f"checkpoint {start} was written with global batch {meta.get('global_batch')} over "
+                            f"{meta.get('num_train_rows')} training rows, this run has {global_batch} over "
+                            f"{_num_rows(train_rows)}; resume with the same data and batch flags")
+        seed = meta["seed"]
+        _say(f"resumed from step {start} of {resume_dir} (epoch {meta['epoch']}, seed {seed})")
+
+    peak, peak_source = device_peak_flops(dtype, args.peak_flops)
+    peak_total = None if peak is None else peak * (1 if jax.devices()[0].platform == "cpu" else mesh.size)
+    _say(f"{total_steps} steps, global batch {global_batch} ({mesh.size} devices x "
+         f"{micro_batch // mesh.size} x {accum} accumulation), MFU against "
+         f"{'unknown peak' if peak_total is None else f'{peak_total:.3g} FLOP/s'} ({peak_source})")
+
+    tokens_per_step = global_batch * objective.tokens_per_example
+    flops_per_step = global_batch * objective.flops_per_example
+    base_key = jax.random.PRNGKey(seed)
+    eval_every = args.eval_steps or args.logging_steps
+    pending, t_mark, timed = [], None, 0
+    bar = tqdm(total=total_steps, initial=start, desc="train", dynamic_ncols=True,
+               disable=jax.process_index() != 0)
+
+    def save(step):
+        meta = {"step": step, "epoch": train_rows.epoch_of(step), "seed": seed, "global_batch": global_batch,
+                "num_train_rows": _num_rows(train_rows), "rows_consumed": step * global_batch}
+        checkpointer.save(step, state, meta)
+        if on_save:
+            on_save(step)
+
+    def run_eval(done):
+        result = evaluate(eval_step, state["params"], objective, eval_rows, eval_batch, mesh, seed)
+        log.write(done, "eval", result)
+        _say(f"step {done}: eval loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}, "
+             f"perplexity {result['perplexity']:.2f}")
+
+    try:
+        for step in range(start, total_steps):
+            rows = train_rows.batch_rows(step, _accum_slice(local, micro_batch, accum))
+            batch = objective.collate(rows, np.random.default_rng([seed, 1, step]))
+            if accum > 1:
+                batch = {k: v.reshape(accum, -1, *v.shape[1:]) for k, v in batch.items()}
+            batch = meshlib.to_device_batch(batch, batch_sharding)
+            state, metrics = train_step(state, batch, jax.random.fold_in(base_key, step))
+            pending.append(metrics)
+            done = step + 1
+            bar.update(1)
+            if t_mark is None:  # the first step compiles: time from its end
+                jax.block_until_ready(metrics)
+                t_mark, timed = time.perf_counter(), 0
+            else:
+                timed += 1
+            if done % args.logging_steps == 0 or done == total_steps:
+                host = jax.device_get(pending)
+                row = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+                row["learning_rate"] = float(schedule(done - 1))
+                if timed:
+                    elapsed = time.perf_counter() - t_mark
+                    row["tokens_per_s"] = tokens_per_step * timed / elapsed
+                    row["step_ms"] = 1000 * elapsed / timed
+                    if peak_total:
+                        row["mfu"] = flops_per_step * timed / elapsed / peak_total
+                log.write(done, "train", row)
+                bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row.get('tokens_per_s', 0):.0f}")
+                pending, timed, t_mark = [], 0, time.perf_counter()
+            if args.do_eval and eval_rows is not None and (done % eval_every == 0 or done == total_steps):
+                run_eval(done)
+                t_mark = time.perf_counter()  # do not count eval time as train time
+            if done % args.save_steps == 0 or done == total_steps:
+                save(done)
+    finally:  # a save in flight completes even when the loop dies
+        checkpointer.close()
+    bar.close()
+    if start >= total_steps and args.do_eval and eval_rows is not None:  # nothing to train: evaluate only
+        run_eval(start)
+    return state["params"]
+
+
+def _accum_slice(local, micro_batch, accum):
+    """This process's rows of a global batch of accum micro-batches, so that each micro-batch is split
+    over the devices the same way (rows reshaped to [accum, micro, ...] afterwards)."""
+    if accum == 1:
+        return local
+    return np.concatenate([np.arange(micro_batch)[local] + i * micro_batch for i in range(accum)])
+
+
+def _num_rows(train_rows):
+    return getattr(train_rows, "num_rows", None)
+
+
+def _say(msg):
+    if jax.process_index() == 0:
+        tqdm.write(msg)

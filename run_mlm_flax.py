@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Masked-LM pretraining of BERT/RoBERTa in JAX/Flax; the successor of Hugging Face's run_mlm_flax.py.
+
+Pipeline: options -> output directory -> tokenizer and model (new from --config_name, or continued
+from --model_name_or_path) -> text -> fixed-length token rows -> BERT masking -> training over all
+devices with evaluation and checkpoints -> export in Hugging Face format (config.json,
+model.safetensors, tokenizer files) to --output_dir.
+
+    python run_mlm_flax.py --output_dir runs/x --config_name MODEL_DIR --tokenizer_name MODEL_DIR \
+        --train_file train.txt --validation_file valid.txt --max_seq_length 128 --max_steps 1000
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.args import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.errors import run_main  # noqa: E402
+
+
+def main(argv=None):
+    model_args, source, data_args, args = parse_args(ModelArgs, TextSourceArgs, DataArgs, TrainingArgs,
+                                                     argv=argv, prog="run_mlm_flax.py", description=__doc__)
+    from flaxlm import mesh as meshlib
+    from flaxlm.batches import ShuffledRows, StreamRows
+    from flaxlm.data import load_raw_text, tokenize_and_group
+    from flaxlm.mlm import mlm_objective, resolve_seq_len
+    from flaxlm.mlm_masking import MLMMasker
+    from flaxlm.models import decay_mask, split_model
+    from flaxlm.optim import make_optimizer
+    from flaxlm.output_dir import check_hub_access, prepare_output_dir, push_to_hub
+    from flaxlm.pipeline import load_model, train_and_eval_rows, total_train_steps
+    from flaxlm.run_log import RunLog
+    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+    from flaxlm.train_loop import train
+    from flaxlm.models.hf_io import save_pretrained
+
+    meshlib.maybe_initialize_distributed()
+    prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
+    if args.push_to_hub:
+        check_hub_access(args.hub_token or model_args.token)
+
+    # Tokenizer and model.
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token)
+    config, model = load_model(model_args, seed=args.seed)
+    check_fits(tokenizer, config)
+    seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
+    masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
+    graphdef, params = split_model(model)
+
+    # Devices and batch sizes.
+    mesh = meshlib.make_mesh()
+    micro_batch = meshlib.global_batch_size(args.per_device_train_batch_size, args.train_batch_size, mesh,
+                                            "--train_batch_size")
+    eval_batch = meshlib.global_batch_size(args.per_device_eval_batch_size, args.eval_batch_size, mesh,
+                                           "--eval_batch_size")
+    global_batch = micro_batch * args.gradient_accumulation_steps
+
+    # Text -> token rows of seq_len -> the rows of each step.
+    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed)
+    data = tokenize_and_group(raw, tokenizer, seq_len, line_by_line=data_args.line_by_line,
+                              num_workers=data_args.preprocessing_num_workers,
+                              overwrite_cache=data_args.overwrite_cache,
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
+    train_source, eval_rows = train_and_eval_rows(data, streaming=source.streaming)
+    if source.streaming:
+        train_rows = StreamRows(train_source, global_batch)
+    else:
+        train_rows = ShuffledRows(train_source, global_batch, args.seed)
+    total_steps = total_train_steps(args, train_rows, source.streaming)
+
+    # Train.
+    tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
+    objective = mlm_objective(graphdef, config, masker, seq_len)
+    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
+    params = train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
+                   train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
+                   total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
+                   eval_batch=eval_batch, log=log, dtype=model_args.dtype)
+    log.close()
+
+    # Export in Hugging Face format.
+    if meshlib.is_main_process():
+        save_pretrained(args.output_dir, config, params)
+        tokenizer.save_pretrained(args.output_dir)
+        print(f"exported the model and tokenizer to {args.output_dir} "
+              f"(load with transformers.AutoModelForMaskedLM.from_pretrained)", flush=True)
+        if args.push_to_hub:
+            push_to_hub(args.output_dir, args.hub_model_id or os.path.basename(os.path.abspath(args.output_dir)),
+                        args.hub_token or model_args.token)
+
+
+if __name__ == "__main__":
+    run_main(main)

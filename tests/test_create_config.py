@@ -1,0 +1,166 @@
+"""Presets, build_config and the create_config.py script (hub-free)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import transformers
+
+from flaxlm.errors import UserError
+from flaxlm.presets import PRESETS, build_config, count_params, parse_overrides
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+HF_SHAPES = {  # from the Hugging Face hub config.json files
+    "roberta-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                         max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+                         bos_token_id=0, eos_token_id=2, vocab_size=50265, hidden_act="gelu",
+                         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1),
+    "roberta-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                          max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+                          vocab_size=50265),
+    "bert-base-uncased": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                              max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0,
+                              vocab_size=30522, hidden_act="gelu"),
+    "bert-large-uncased": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                               intermediate_size=4096, max_position_embeddings=512, type_vocab_size=2,
+                               layer_norm_eps=1e-12, pad_token_id=0, vocab_size=30522),
+    "roberta-small": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
+                          max_position_embeddings=258),
+}
+CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig}
+
+
+def save_tokenizer(path, specials=("<s>", "<pad>", "</s>", "<unk>", "<mask>"), n_words=40):
+    """A tiny WordLevel tokenizer saved like train_tokenizer.py would: RoBERTa-style special tokens first."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(list(specials) + [f"w{i}" for i in range(n_words)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=specials[3]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    names = ("bos_token", "pad_token", "eos_token", "unk_token", "mask_token")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **dict(zip(names, specials)))
+    hf.save_pretrained(str(path))
+    return hf
+
+
+def run_script(*args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "create_config.py", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_round_trips(name, tmp_path):
+    config = build_config(name)
+    assert isinstance(config, CONFIG_CLASS[PRESETS[name]["model_type"]])
+    config.save_pretrained(tmp_path)
+    loaded = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded) is type(config)
+    for key, value in PRESETS[name].items():
+        assert getattr(loaded, key) == value, key
+    for key, value in HF_SHAPES.get(name, {}).items():
+        assert getattr(loaded, key) == value, key
+    assert count_params(loaded) > 0
+
+
+def test_param_counts_match_known_sizes():
+    assert abs(count_params(build_config("roberta-base")) / 1e6 - 124.7) < 1
+    assert abs(count_params(build_config("bert-base-uncased")) / 1e6 - 110) < 1.5
+
+
+def test_vocab_and_special_ids_from_tokenizer(tmp_path):
+    tok = save_tokenizer(tmp_path)
+    config = build_config("roberta-tiny", transformers.AutoTokenizer.from_pretrained(tmp_path))
+    assert config.vocab_size == len(tok) == 45
+    assert (config.bos_token_id, config.pad_token_id, config.eos_token_id) == (0, 1, 2)
+
+    bert_dir = tmp_path / "bert"
+    save_tokenizer(bert_dir, specials=("[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"))
+    bert_tok = transformers.AutoTokenizer.from_pretrained(bert_dir)
+    bert_tok.bos_token = bert_tok.eos_token = None  # as in a BERT tokenizer: only pad matters
+    config = build_config("bert-tiny", bert_tok)
+    assert config.vocab_size == 45 and config.pad_token_id == 1 and config.bos_token_id is None
+
+
+def test_overrides_are_typed():
+    assert parse_overrides(["num_hidden_layers=4", "hidden_dropout_prob=0.0", "layer_norm_eps=1e-6",
+                            "hidden_act=relu", "use_cache=false", "classifier_dropout="]) == {
+        "num_hidden_layers": 4, "hidden_dropout_prob": 0.0, "layer_norm_eps": 1e-6, "hidden_act": "relu",
+        "use_cache": False, "classifier_dropout": None}
+    config = build_config("roberta-tiny", overrides=["num_hidden_layers=3", "layer_norm_eps=1e-6",
+                                                      "hidden_dropout_prob=0", "use_cache=false"])
+    assert config.num_hidden_layers == 3 and config.layer_norm_eps == 1e-6 and config.use_cache is False
+    assert isinstance(config.hidden_dropout_prob, float)
+    config = build_config("bert-tiny", overrides={"hidden_size": 128, "num_attention_heads": 4})
+    assert (config.hidden_size, config.num_attention_heads) == (128, 4)
+
+
+def test_override_beats_tokenizer_and_too_small_vocab_fails(tmp_path):
+    tok = save_tokenizer(tmp_path)
+    assert build_config("roberta-tiny", tok, {"vocab_size": 64}).vocab_size == 64
+    with pytest.raises(UserError, match="tokenizer has 45 tokens but vocab_size is 40"):
+        build_config("roberta-tiny", tok, {"vocab_size": 40})
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    (["num_hiden_layers=4"], "unknown config key 'num_hiden_layers'.*did you mean num_hidden_layers"),
+    (["num_hidden_layers=abc"], "num_hidden_layers.*takes a number"),
+    (["hidden_size=64.5"], "hidden_size.*integer"),
+    (["use_cache=3"], "use_cache.*true or false"),
+    (["hidden_size=65"], "divisible"),
+    (["num_hidden_layers=0"], "positive"),
+    (["model_type=bert"], "preset"),
+    (["novalue"], "key=value"),
+])
+def test_bad_overrides(overrides, pattern):
+    with pytest.raises(UserError, match=pattern):
+        build_config("roberta-tiny", overrides=overrides)
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(UserError, match="unknown preset 'roberta-huge'.*roberta-base.*bert-tiny"):
+        build_config("roberta-huge")
+
+
+def test_script_writes_config(tmp_path):
+    save_tokenizer(tmp_path)
+    result = run_script("--output_dir", tmp_path, "--preset", "roberta-tiny", "--set", "num_hidden_layers=3")
+    assert result.returncode == 0, result.stderr
+    assert "roberta-tiny" in result.stdout and "vocab_size 45" in result.stdout
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(config, transformers.RobertaConfig)
+    assert config.vocab_size == 45 and config.num_hidden_layers == 3 and config.hidden_size == 64
+    assert (tmp_path / "tokenizer.json").exists()  # other files untouched
+
+
+def test_script_refuses_existing_config(tmp_path):
+    save_tokenizer(tmp_path)
+    (tmp_path / "config.json").write_text('{"old": true}')
+    result = run_script("--output_dir", tmp_path, "--preset", "roberta-tiny")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "overwrite_output_dir" in result.stderr
+    assert json.loads((tmp_path / "config.json").read_text()) == {"old": True}
+    result = run_script("--output_dir", tmp_path, "--preset", "roberta-tiny", "--overwrite_output_dir")
+    assert result.returncode == 0, result.stderr
+    assert transformers.AutoConfig.from_pretrained(tmp_path).vocab_size == 45
+
+
+def test_script_without_tokenizer(tmp_path):
+    result = run_script("--output_dir", tmp_path / "model", "--preset", "bert-tiny")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "train_tokenizer.py" in result.stderr
+    assert not (tmp_path / "model" / "config.json").exists()
+    result = run_script("--output_dir", tmp_path / "model", "--preset", "bert-tiny", "--set", "vocab_size=512")
+    assert result.returncode == 0, result.stderr
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "model").vocab_size == 512
+
+
+def test_list_presets():
+    result = run_script("--list_presets")
+    assert result.returncode == 0, result.stderr
+    for name in PRESETS:
+        assert name in result.stdout
+    assert "125M" in result.stdout

@@ -1,0 +1,260 @@
+"""run_mlm_flax.py end to end on a tiny model: export, devices, resume, accumulation, bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import create_config
+import run_mlm_flax
+import train_tokenizer
+from flaxlm import mesh as meshlib
+from flaxlm.args import TrainingArgs
+from flaxlm.demo_corpus import write_demo_corpus
+from flaxlm.errors import UserError
+from flaxlm.mlm import mlm_objective
+from flaxlm.mlm_masking import MLMMasker
+from flaxlm.models import create_model, split_model
+from flaxlm.models.hf_io import load_config
+from flaxlm.train_loop import evaluate, make_train_step, train
+from flaxlm.batches import ShuffledRows
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """The demo corpus, cut small: ~60 KB train, the demo's validation file."""
+    d = tmp_path_factory.mktemp("corpus")
+    paths = write_demo_corpus(str(d))
+    with open(paths["train"], encoding="utf-8") as f:
+        lines = f.readlines()[:300]
+    small = d / "train_small.txt"
+    small.write_text("".join(lines), encoding="utf-8")
+    return {"train": str(small), "validation": paths["validation"]}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, corpus):
+    """A 400-token BPE tokenizer and a tiny RoBERTa config written by our own scripts."""
+    d = str(tmp_path_factory.mktemp("model"))
+    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "400",
+                          "--model_max_length", "64", "--output_dir", d])
+    create_config.main(["--preset", "roberta-tiny", "--output_dir", d])
+    return d
+
+
+def run_args(model_dir, corpus, out, *extra):
+    return ["--output_dir", str(out), "--config_name", model_dir, "--tokenizer_name", model_dir,
+            "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--max_seq_length", "32",
+            "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "3e-3",
+            "--warmup_steps", "2", "--logging_steps", "1", *extra]
+
+
+def read_metrics(out, split="train"):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [r for r in rows if r["split"] == split]
+
+
+def test_end_to_end_export_loads_in_transformers(model_dir, corpus, tmp_path):
+    out = tmp_path / "run"
+    run_mlm_flax.main(run_args(model_dir, corpus, out, "--max_steps", "6", "--eval_steps", "3", "--save_steps", "3",
+                               "--save_total_limit", "1"))
+    train_rows, eval_rows = read_metrics(out), read_metrics(out, "eval")
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in eval_rows] == [3, 6]
+    assert all(np.isfinite(r["loss"]) and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in train_rows[1:])
+    assert os.listdir(out / "checkpoints") == ["6"]  # save_total_limit 1
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(out / "tensorboard"))
+
+    import torch
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+    tok = AutoTokenizer.from_pretrained(out)
+    hf = AutoModelForMaskedLM.from_pretrained(out)
+    guesses = pipeline("fill-mask", model=hf, tokenizer=tok, device="cpu")(f"The {tok.mask_token} statement.")
+    assert len(guesses) == 5
+    # the export computes what we computed: the exported eval loss equals ours for the same batch
+    config = load_config(str(out))
+    from flaxlm.models.hf_io import load_pretrained
+    _, ours = load_pretrained(str(out))
+    ids = np.asarray(tok(["The for statement is used to iterate."], padding="max_length", max_length=16)["input_ids"])
+    with torch.no_grad():
+        theirs = hf(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(ours(ids, (ids != config.pad_token_id).astype(np.int32))) - theirs).max() < 1e-4
+
+
+def tiny_setup(model_dir, seq_len=32, dropout=True):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    config = load_config(model_dir)
+    if not dropout:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    graphdef, params = split_model(create_model(config, seed=0))
+    masker = MLMMasker.from_tokenizer(tok, seq_len, 0.15)
+    rows = np.random.default_rng(0).integers(5, len(tok), size=(64, seq_len)).astype(np.int32)
+    return tok, config, params, mlm_objective(graphdef, config, masker, seq_len), rows
+
+
+def test_8_devices_give_the_losses_of_1_device(model_dir, tmp_path):
+    assert jax.device_count() == 8, "conftest sets 8 simulated CPU devices"
+    tok, config, params, objective, rows = tiny_setup(model_dir)
+    losses = {}
+    for n in (1, 8):
+        out = tmp_path / f"d{n}"
+        args = TrainingArgs(output_dir=str(out), logging_steps=1, save_steps=100, do_eval=False, learning_rate=1e-3)
+        from flaxlm.optim import make_optimizer
+        from flaxlm.models import decay_mask
+        from flaxlm.run_log import RunLog
+        tx, schedule = make_optimizer(args, 3, decay_mask(params))
+        log = RunLog(str(out))
+        train(args=args, params=jax.tree.map(np.array, params), objective=objective, tx=tx, schedule=schedule,
+              train_rows=ShuffledRows(rows, 16, seed=0), eval_rows=None, mesh=meshlib.make_mesh(jax.devices()[:n]),
+              total_steps=3, micro_batch=16, eval_batch=16, log=log)
+        log.close()
+        losses[n] = [r["loss"] for r in read_metrics(out)]
+    assert len(losses[1]) == 3
+    np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
+
+
+def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_path, monkeypatch):
+    common = ("--max_steps", "20", "--save_steps", "10", "--do_eval", "false")
+    run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "straight", *common))
+    straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
+
+    original = ShuffledRows.batch_rows
+
+    def crash_after_10(self, step, local):
+        if step == 10:
+            raise RuntimeError("simulated crash")
+        return original(self, step, local)
+
+    monkeypatch.setattr(ShuffledRows, "batch_rows", crash_after_10)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common))
+    monkeypatch.setattr(ShuffledRows, "batch_rows", original)
+    run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common, "--resume_from_checkpoint", "latest"))
+    resumed = read_metrics(tmp_path / "resumed")
+    assert [r["step"] for r in resumed] == list(range(1, 21))
+    assert [r["loss"] for r in resumed] == pytest.approx(straight, rel=1e-6)
+
+
+def test_gradient_accumulation_equals_the_full_batch(model_dir):
+    tok, config, params, objective, rows = tiny_setup(model_dir, dropout=False)
+    tx = optax.sgd(0.1)
+    batch = objective.collate(rows[:8], np.random.default_rng(0))
+    key = jax.random.PRNGKey(0)
+    state = {"step": 0, "params": params, "opt_state": tx.init(params)}
+    full, m_full = jax.jit(make_train_step(objective.loss_sums, tx, 1))(state, batch, key)
+    micro = {k: v.reshape(2, 4, *v.shape[1:]) for k, v in batch.items()}
+    acc, m_acc = jax.jit(make_train_step(objective.loss_sums, tx, 2))(state, micro, key)
+    assert float(m_acc["loss"]) == pytest.approx(float(m_full["loss"]), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(full["params"]), jax.tree.leaves(acc["params"])):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_eval_covers_every_row_and_ignores_padding(model_dir):
+    tok, config, params, objective, rows = tiny_setup(model_dir)
+    mesh = meshlib.make_mesh()
+    repl = meshlib.replicated(mesh)
+    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None))
+    params = jax.device_put(params, repl)
+    rows = rows[:21]  # 21 rows over batches of 8: the last batch is padded with 3 empty rows
+    result = evaluate(eval_step, params, objective, rows, 8, mesh, seed=0)
+    maskable = (~np.isin(rows, tok.all_special_ids)).sum(1)
+    assert result["target_tokens"] == int(np.maximum(1, np.round(0.15 * maskable)).sum())
+    one_batch = evaluate(eval_step, params, objective, rows, 24, mesh, seed=0)
+    assert one_batch["target_tokens"] == result["target_tokens"]
+
+
+# Bad input: one clear line, exit code 2, nothing destroyed.
+
+def expect_user_error(argv, match):
+    with pytest.raises(UserError, match=match):
+        run_mlm_flax.main(argv)
+
+
+def test_missing_and_empty_data_files(model_dir, corpus, tmp_path):
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    missing = [a if a != corpus["train"] else str(tmp_path / "nope.txt") for a in args]
+    expect_user_error(missing, "nope.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    expect_user_error([a if a != corpus["train"] else str(empty) for a in args], "empty")
+
+
+def test_no_text_column(model_dir, corpus, tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text("\n".join(json.dumps({"id": i, "body": "x" * 50, "other": "y"}) for i in range(10)))
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    expect_user_error([a if a != corpus["train"] else str(f) for a in args], "text_column")
+
+
+def test_seq_len_larger_than_the_model(model_dir, corpus, tmp_path):
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    args[args.index("--max_seq_length") + 1] = "4096"
+    expect_user_error(args, "max_seq_length 4096")
+
+
+def test_tokenizer_bigger_than_config_and_tokenizer_without_mask(model_dir, corpus, tmp_path):
+    import shutil
+    small = tmp_path / "small_vocab"
+    shutil.copytree(model_dir, small)
+    cfg = json.loads((small / "config.json").read_text())
+    cfg["vocab_size"] = 100
+    (small / "config.json").write_text(json.dumps(cfg))
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    args[args.index("--config_name") + 1] = str(small)
+    expect_user_error(args, "vocab_size")
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<pad>": 0, "<unk>": 1, **{w: i + 2 for i, w in enumerate("the a of is to".split())}}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    nomask = tmp_path / "nomask"
+    PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", unk_token="<unk>").save_pretrained(nomask)
+    args = run_args(model_dir, corpus, tmp_path / "o2", "--max_steps", "1")
+    args[args.index("--tokenizer_name") + 1] = str(nomask)
+    expect_user_error(args, "mask token")
+
+
+def test_batch_that_does_not_divide_over_devices(model_dir, corpus, tmp_path):
+    expect_user_error(run_args(model_dir, corpus, tmp_path / "o", "--train_batch_size", "12"), "divide")
+
+
+def test_hub_without_network_fails_before_training(model_dir, corpus, tmp_path):
+    expect_user_error(run_args(model_dir, corpus, tmp_path / "o", "--push_to_hub"), "push_to_hub")
+    args = run_args(model_dir, corpus, tmp_path / "o2", "--max_steps", "1")
+    i = args.index("--train_file")
+    del args[i:i + 2]
+    expect_user_error(args + ["--dataset_name", "no_such_user/no_such_dataset"], "no_such_dataset")
+    assert not os.path.exists(tmp_path / "o2" / "metrics.jsonl")
+
+
+def test_non_empty_output_dir_is_refused_and_overwrite_keeps_foreign_files(model_dir, corpus, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    argv = run_args(model_dir, corpus, out, "--max_steps", "2", "--do_eval", "false")
+    proc = subprocess.run([sys.executable, "run_mlm_flax.py", *argv], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "overwrite_output_dir" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    run_mlm_flax.main(argv + ["--overwrite_output_dir"])
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "model.safetensors").exists()
+
+
+def test_unknown_flag_and_bad_yaml_are_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run_mlm_flax:\n  learning_rat: 3\n")
+    for argv in (["--output_dir", str(tmp_path / "o"), "--learning_rat", "3"],
+                 ["--output_dir", str(tmp_path / "o"), "--config_file", str(bad)]):
+        proc = subprocess.run([sys.executable, "run_mlm_flax.py", *argv], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "learning_rat" in proc.stderr

@@ -1,0 +1,44 @@
+"""Train a tokenizer on your text and save it in the model directory.
+
+    python train_tokenizer.py --train_file a.txt --train_file b.txt --output_dir models/my-roberta
+    python train_tokenizer.py --dataset_name NAME --dataset_config_name CONFIG --type wordpiece \\
+        --vocab_size 30522 --output_dir models/my-bert
+"""
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.args import TextSourceArgs, TokenizerArgs  # noqa: E402
+from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.data import iter_texts, load_raw_text  # noqa: E402
+from flaxlm.errors import run_main  # noqa: E402
+from flaxlm.tokenizer_training import check_output_dir, get_trainer, save_tokenizer  # noqa: E402
+
+
+def main(argv=None):
+    src, args = parse_args(TextSourceArgs, TokenizerArgs, argv=argv, prog="train_tokenizer.py",
+                           description=__doc__)
+    train_fn = get_trainer(args.type)
+    check_output_dir(args.output_dir, args.overwrite_output_dir)
+
+    # the training split only: no validation file is read and nothing is held out
+    texts = load_raw_text(dataclasses.replace(src, validation_file=None), validation_split_percentage=0)["train"]
+    total = None if src.streaming else len(texts)
+    if args.max_train_samples is not None:
+        n = args.max_train_samples
+        texts = texts.take(n) if src.streaming else texts.select(range(min(n, total)))
+        total = n if src.streaming else len(texts)
+
+    options = {"vocab_size": args.vocab_size, "lowercase": args.lowercase}
+    tokenizer = train_fn(iter_texts(texts), min_frequency=args.min_frequency,
+                         model_max_length=args.model_max_length, total=total,
+                         **{k: v for k, v in options.items() if v is not None})
+
+    save_tokenizer(tokenizer, args.output_dir)
+    print(f"saved a {args.type} tokenizer with {len(tokenizer)} tokens to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    run_main(main)
