@@ -158,7 +158,7 @@ def from_hf_state_dict(config, tensors, *, init_params=None, seed=0):
     expected = names(config)
     missing = [hf for hf, _, _ in expected if hf not in tensors]
     head_missing = [hf for hf, path, _ in expected if path[0] == "mlm_head"]
-    if missing and set(missing) == set(head_missing):
+    if missing and set(missing) == set(head_missing):  # a bare encoder: keep a fresh head
         if init_params is None:
             _, init_params = models.split_model(models.create_model(config, seed=seed))
         notes.append("the checkpoint has no masked-LM head (a bare encoder); the head starts freshly initialized")
