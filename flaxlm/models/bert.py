@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models.layers import LayerNorm, activation, attention_bnth, compute_dtype, dense, dropout, fold_key
+from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key
 
 
 def roberta_position_ids(ids_BL, pad_id):
@@ -59,13 +59,11 @@ class SelfAttention(nnx.Module):
     def __call__(self, x_BLD, mask_BL, key):
         B, L, D = x_BLD.shape
         N = self.num_heads
-        # one [D, 3D] projection for query, key and value (the parameters stay separate)
-        projections = (self.query, self.key, self.value)
-        kernel_D3D = jnp.concatenate([p.kernel[...] for p in projections], axis=1).astype(x_BLD.dtype)
-        bias_3D = jnp.concatenate([p.bias[...] for p in projections]).astype(x_BLD.dtype)
-        qkv_3BNLH = (x_BLD @ kernel_D3D + bias_3D).reshape(B, L, 3, N, D // N).transpose(2, 0, 3, 1, 4)
-        o_BNLH = attention_bnth(*qkv_3BNLH, mask_BL, dropout_rate=self.dropout_rate, dropout_key=key)
-        return self.out(o_BNLH.transpose(0, 2, 1, 3).reshape(B, L, D))
+        q_BLNH = self.query(x_BLD).reshape(B, L, N, D // N)
+        k_BLNH = self.key(x_BLD).reshape(B, L, N, D // N)
+        v_BLNH = self.value(x_BLD).reshape(B, L, N, D // N)
+        o_BLNH = attention(q_BLNH, k_BLNH, v_BLNH, mask_BL, dropout_rate=self.dropout_rate, dropout_key=key)
+        return self.out(o_BLNH.reshape(B, L, D))
 
 
 class EncoderLayer(nnx.Module):

@@ -79,23 +79,18 @@ class LayerNorm(nnx.LayerNorm):
 
 
 def attention(q_BTNH, k_BSNH, v_BSNH, mask_BS=None, *, dropout_rate=0.0, dropout_key=None):
-    """Softmax attention on [B, T, N, H] inputs; see attention_bnth."""
-    q_BNTH, k_BNSH, v_BNSH = (x.transpose(0, 2, 1, 3) for x in (q_BTNH, k_BSNH, v_BSNH))
-    o_BNTH = attention_bnth(q_BNTH, k_BNSH, v_BNSH, mask_BS, dropout_rate=dropout_rate, dropout_key=dropout_key)
-    return o_BNTH.transpose(0, 2, 1, 3)
+    """Softmax attention; mask_BS (bool, True = attend) hides padding keys.
 
-
-def attention_bnth(q_BNTH, k_BNSH, v_BNSH, mask_BS=None, *, dropout_rate=0.0, dropout_key=None):
-    """Softmax attention in head-major layout; mask_BS (bool, True = attend) hides padding keys.
-
-    The probabilities are computed explicitly (float32) so that, given a key and rate > 0, they can be
-    dropped out as Hugging Face does.
+    Without dropout this is jax.nn.dot_product_attention; with a key and rate > 0 the probabilities are
+    computed explicitly (float32) so they can be dropped out as Hugging Face does.
     """
-    scale = 1.0 / math.sqrt(q_BNTH.shape[-1])
-    logits_BNTS = jnp.einsum("bnth,bnsh->bnts", q_BNTH, k_BNSH, preferred_element_type=jnp.float32) * scale
-    if mask_BS is not None:
-        mask_B11S = mask_BS[:, None, None, :].astype(bool)
+    mask_B11S = None if mask_BS is None else mask_BS[:, None, None, :].astype(bool)
+    if dropout_key is None or dropout_rate == 0.0:
+        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask_B11S)
+    scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
+    logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32) * scale
+    if mask_B11S is not None:
         logits_BNTS = jnp.where(mask_B11S, logits_BNTS, jnp.finfo(jnp.float32).min)
     probs_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)
-    probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_key).astype(v_BNSH.dtype)
-    return jnp.einsum("bnts,bnsh->bnth", probs_BNTS, v_BNSH)
+    probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_key).astype(v_BSNH.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS, v_BSNH)
