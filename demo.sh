@@ -10,6 +10,7 @@ $PY -m flaxlm.demo_corpus --output_dir runs/demo/data
 $PY train_tokenizer.py --config_file configs/demo.yaml --overwrite_output_dir
 $PY create_config.py --config_file configs/demo.yaml --overwrite_output_dir
 $PY run_mlm_flax.py --config_file configs/demo.yaml --overwrite_output_dir "$@"
-$PY fill_mask.py runs/demo/run "The <mask> statement is used to leave a loop early." \
-    "Return the absolute <mask> of a number."
+$PY fill_mask.py runs/demo/run "The break statement is used to leave a l<mask>p early." \
+    "Return the absolute value of a n<mask>ber."
+$PY -m flaxlm.eval_summary runs/demo/run/metrics.jsonl
 echo "demo finished in $(( $(date +%s) - start )) s; eval losses in runs/demo/run/metrics.jsonl"

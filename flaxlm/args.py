@@ -73,6 +73,7 @@ class TrainingArgs:
     warmup_steps: int = option(0, help="linear warmup steps, then linear decay to 0")
     logging_steps: int = option(500, help="log loss, tokens/s and MFU every N steps")
     eval_steps: int | None = option(help="evaluate every N steps (default: logging_steps)")
+    eval_at_start: bool = option(False, help="also evaluate before the first step (the untrained baseline)")
     save_steps: int = option(500, help="checkpoint every N steps")
     save_total_limit: int | None = option(help="keep only the last N checkpoints")
     resume_from_checkpoint: str | None = option(help="checkpoint directory, or 'latest' in output_dir")

@@ -143,6 +143,8 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
              f"perplexity {result['perplexity']:.2f}")
 
     try:
+        if args.eval_at_start and start == 0 and args.do_eval and eval_rows is not None:
+            run_eval(0)
         for step in range(start, total_steps):
             rows = train_rows.batch_rows(step, _accum_slice(local, micro_batch, accum))
             batch = objective.collate(rows, np.random.default_rng([seed, 1, step]))
