@@ -24,7 +24,7 @@ def main():
         text = text.replace("<mask>", mask).replace("[MASK]", mask)
         if mask not in text:
             raise UserError(f"no {mask} in {text!r}; put {mask} where a word should be filled in")
-        guesses = ", ".join(f"{g['token_str'].strip()!r} ({g['score']:.2f})" for g in fill(text, top_k=5))
+        guesses = ", ".join(f"{g['token_str']!r} ({g['score']:.2f})" for g in fill(text, top_k=5))
         print(f"{text}\n  -> {guesses}", flush=True)
 
 
