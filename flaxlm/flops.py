@@ -17,12 +17,14 @@ PEAK_BF16 = {
 
 
 def encoder_mlm_train_flops(config, batch, seq_len, num_predictions):
-    """FLOPs of one train step of a BERT/RoBERTa encoder whose MLM head runs on masked slots only."""
-    d, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    per_token_layer = 8 * d * d + 4 * d * f + 4 * seq_len * d  # qkv+out, ffn, scores+weighted sum
-    head_per_slot = 2 * d * d + 2 * d * config.vocab_size
-    forward = batch * seq_len * n * per_token_layer + batch * num_predictions * head_per_slot
-    return 3 * forward
+    """FLOPs of one train step of a BERT/RoBERTa encoder whose last layer and MLM head run only at the
+    masked slots (the last layer's keys and values still cover every position)."""
+    d, f, n, p = config.hidden_size, config.intermediate_size, config.num_hidden_layers, num_predictions
+    full_layer = seq_len * (8 * d * d + 4 * d * f + 4 * seq_len * d)  # qkv+out, mlp, scores+weighted sum
+    last_layer = seq_len * 4 * d * d + p * (4 * d * d + 4 * d * f + 4 * seq_len * d)
+    head = p * (2 * d * d + 2 * d * config.vocab_size)
+    encoder = (n - 1) * full_layer + last_layer if n else 0
+    return 3 * batch * (encoder + head)
 
 
 def device_peak_flops(dtype="float32", override=None):

@@ -17,6 +17,11 @@ def roberta_position_ids(ids_BL, pad_id):
     return jnp.cumsum(not_pad_BL, axis=1) * not_pad_BL + pad_id
 
 
+def gather_rows(x_BLD, positions_BP):
+    """x at the given positions of each row: [B, P, D]."""
+    return jnp.take_along_axis(x_BLD, positions_BP[..., None].astype(jnp.int32), axis=1)
+
+
 class Embeddings(nnx.Module):
     def __init__(self, config, dtype, rngs):
         def embed(n):
@@ -56,14 +61,15 @@ class SelfAttention(nnx.Module):
         self.num_heads = config.num_attention_heads
         self.dropout_rate = config.attention_probs_dropout_prob
 
-    def __call__(self, x_BLD, mask_BL, key):
-        B, L, D = x_BLD.shape
-        N = self.num_heads
-        q_BLNH = self.query(x_BLD).reshape(B, L, N, D // N)
+    def __call__(self, x_BLD, mask_BL, key, xq_BTD=None):
+        """Self-attention of x; with xq_BTD (a subset of x's rows) only those rows ask the queries."""
+        xq_BTD = x_BLD if xq_BTD is None else xq_BTD
+        (B, L, D), T, N = x_BLD.shape, xq_BTD.shape[1], self.num_heads
+        q_BTNH = self.query(xq_BTD).reshape(B, T, N, D // N)
         k_BLNH = self.key(x_BLD).reshape(B, L, N, D // N)
         v_BLNH = self.value(x_BLD).reshape(B, L, N, D // N)
-        o_BLNH = attention(q_BLNH, k_BLNH, v_BLNH, mask_BL, dropout_rate=self.dropout_rate, dropout_key=key)
-        return self.out(o_BLNH.reshape(B, L, D))
+        o_BTNH = attention(q_BTNH, k_BLNH, v_BLNH, mask_BL, dropout_rate=self.dropout_rate, dropout_key=key)
+        return self.out(o_BTNH.reshape(B, T, D))
 
 
 class EncoderLayer(nnx.Module):
@@ -77,12 +83,14 @@ class EncoderLayer(nnx.Module):
         self.act = config.hidden_act
         self.dropout_rate = config.hidden_dropout_prob
 
-    def __call__(self, x_BLD, mask_BL, key):
-        a_BLD = self.attn(x_BLD, mask_BL, fold_key(key, 0))
-        x_BLD = self.attn_norm(x_BLD + dropout(a_BLD, self.dropout_rate, fold_key(key, 1)))
-        h_BLF = activation(self.act)(self.mlp_in(x_BLD))
-        h_BLD = self.mlp_out(h_BLF)
-        return self.mlp_norm(x_BLD + dropout(h_BLD, self.dropout_rate, fold_key(key, 2)))
+    def __call__(self, x_BLD, mask_BL, key, positions_BP=None):
+        """The layer's output at every position, or only at positions_BP ([B, P, D]): every position is
+        still attended to, but queries, residuals and the MLP run on those P rows alone."""
+        xq_BTD = x_BLD if positions_BP is None else gather_rows(x_BLD, positions_BP)
+        a_BTD = self.attn(x_BLD, mask_BL, fold_key(key, 0), xq_BTD)
+        y_BTD = self.attn_norm(xq_BTD + dropout(a_BTD, self.dropout_rate, fold_key(key, 1)))
+        h_BTD = self.mlp_out(activation(self.act)(self.mlp_in(y_BTD)))
+        return self.mlp_norm(y_BTD + dropout(h_BTD, self.dropout_rate, fold_key(key, 2)))
 
 
 class MlmHead(nnx.Module):
@@ -123,8 +131,11 @@ class BertForMaskedLM(nnx.Module):
         if token_type_ids_BL is None:
             token_type_ids_BL = jnp.zeros_like(input_ids_BL)
         x_BLD = self.embeddings(input_ids_BL, token_type_ids_BL, fold_key(dropout_key, 0))
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x_BLD = layer(x_BLD, attention_mask_BL, fold_key(dropout_key, i + 1))
-        if masked_positions_BP is not None:
-            x_BLD = jnp.take_along_axis(x_BLD, masked_positions_BP[..., None].astype(jnp.int32), axis=1)
+            # Only the masked positions feed the head, so the last layer computes only their rows.
+            x_BLD = layer(x_BLD, attention_mask_BL, fold_key(dropout_key, i + 1),
+                          masked_positions_BP if i == last else None)
+        if masked_positions_BP is not None and last < 0:
+            x_BLD = gather_rows(x_BLD, masked_positions_BP)
         return self.mlm_head(x_BLD, self.embeddings.word.embedding[...])
