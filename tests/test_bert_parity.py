@@ -200,3 +200,18 @@ def test_create_model_errors():
         models.create_model(tiny_config("bert", hidden_act="mish"))
     with pytest.raises(UserError, match="dtype"):
         models.create_model(tiny_config("bert"), dtype="int8")
+
+
+def test_dropout_mask_rate_independence_and_sharding():
+    """The hashed dropout mask drops `rate` of the elements, differs per key, and is the same for any
+    sharding of its input (so 8 devices train like 1)."""
+    from flaxlm.mesh import make_mesh
+    from flaxlm.models.layers import dropout
+    x = jnp.ones((16, 4, 64, 64))
+    a, b = dropout(x, 0.1, jax.random.PRNGKey(1)), dropout(x, 0.1, jax.random.PRNGKey(2))
+    assert abs(float((a == 0).mean()) - 0.1) < 0.003
+    assert abs(float(((a == 0) & (b == 0)).mean()) - 0.01) < 0.002  # independent masks per key
+    assert float(a.mean()) == pytest.approx(1.0, abs=0.01)  # inverted dropout keeps the mean
+    sharded = jax.device_put(x, NamedSharding(make_mesh(), P("data")))
+    c = jax.jit(lambda v: dropout(v, 0.1, jax.random.PRNGKey(1)))(sharded)
+    np.testing.assert_array_equal(np.asarray(c), np.asarray(a))
