@@ -33,10 +33,8 @@ def mlm_objective(graphdef, config, masker, seq_len):
                              masked_positions_BP=batch["masked_positions"], dropout_key=dropout_key)
         labels, weights = batch["masked_labels"], batch["masked_weights"]
         xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-        # argmax (first index of the maximum) as a min-reduction, much cheaper than a variadic argmax on CPU
-        is_max = logits == logits.max(-1, keepdims=True)
-        first_max = jnp.min(jnp.where(is_max, jnp.arange(logits.shape[-1]), logits.shape[-1]), axis=-1)
-        correct = first_max == labels
+        # correct when the label's logit is the largest (cheaper than argmax; an exact tie counts as correct)
+        correct = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0] >= logits.max(-1)
         return {"loss_sum": (xent * weights).sum(), "accuracy_sum": (correct * weights).sum(),
                 "weight_sum": weights.sum()}
 

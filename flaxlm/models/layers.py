@@ -13,7 +13,7 @@ from flaxlm.errors import UserError
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 ACTIVATIONS = {
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # exact erf GELU, Hugging Face's "gelu"
+    "gelu": lambda x: 0.5 * x * (1.0 + jax.lax.erf(x * (1 / math.sqrt(2)))),  # exact GELU, HF's "gelu"
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
