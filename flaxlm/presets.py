@@ -159,15 +159,12 @@ def build_config(preset, tokenizer=None, overrides=None):
 
 
 def count_params(config):
-    """Parameters of an encoder (BERT/RoBERTa with pooler and MLM head, tied embeddings); None if unknown."""
-    if config.model_type not in ("bert", "roberta"):
+    """Parameters of the model `config` describes (built abstractly, nothing allocated); None if unknown."""
+    from flaxlm.models import abstract_model, count_params as count
+    try:
+        return count(abstract_model(config)[1])
+    except UserError:
         return None
-    H, I, N = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    embeddings = (config.vocab_size + config.max_position_embeddings + config.type_vocab_size) * H + 2 * H
-    layer = 4 * H * H + 4 * H + 2 * H * I + I + H + 4 * H
-    pooler = H * H + H
-    mlm_head = H * H + H + 2 * H + config.vocab_size
-    return embeddings + N * layer + pooler + mlm_head
 
 
 def human(n):

@@ -87,7 +87,7 @@ def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
 
 
 def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh, total_steps,
-          micro_batch, eval_batch, log, dtype="float32", on_save=None):
+          micro_batch, eval_batch, log, dtype="float32"):
     """Run the loop to total_steps; returns the final params (replicated jax arrays)."""
     accum = args.gradient_accumulation_steps
     global_batch = micro_batch * accum
@@ -133,8 +133,6 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         meta = {"step": step, "epoch": train_rows.epoch_of(step), "seed": seed, "global_batch": global_batch,
                 "num_train_rows": _num_rows(train_rows), "rows_consumed": step * global_batch}
         checkpointer.save(step, state, meta)
-        if on_save:
-            on_save(step)
 
     def run_eval(done):
         result = evaluate(eval_step, state["params"], objective, eval_rows, eval_batch, mesh, seed)
