@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flaxlm.args import ConfigArgs  # noqa: E402
 from flaxlm.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.tokenizer_io import load_tokenizer  # noqa: E402
 from flaxlm.tokenizer_training import TOKENIZER_FILES  # noqa: E402
 from flaxlm.presets import PRESETS, build_config, count_params, get_preset, human, parse_overrides  # noqa: E402
 
@@ -27,7 +28,7 @@ def list_presets():
               f"heads {config.num_attention_heads}, vocab {config.vocab_size}")
 
 
-def load_tokenizer(path, explicit, overrides):
+def find_tokenizer(path, explicit, overrides):
     """The tokenizer saved at path; None when there is none and vocab_size is given by --set."""
     has_files = os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
     if not has_files:
@@ -38,13 +39,7 @@ def load_tokenizer(path, explicit, overrides):
                             f"train_tokenizer.py")
         raise UserError(f"no tokenizer found in {path}; run train_tokenizer.py --output_dir {path} first, "
                         f"pass --tokenizer_name DIR, or give --set vocab_size=N to go without one")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a broken or foreign tokenizer directory
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"could not load the tokenizer in {path} ({first}); re-run train_tokenizer.py") from None
+    return load_tokenizer(path, local_only=True)
 
 
 def main(argv=None):
@@ -60,7 +55,7 @@ def main(argv=None):
     if os.path.exists(config_path) and not args.overwrite_output_dir:
         raise UserError(f"{config_path} already exists; pass --overwrite_output_dir to replace it")
 
-    tokenizer = load_tokenizer(args.tokenizer_name or args.output_dir, args.tokenizer_name is not None, overrides)
+    tokenizer = find_tokenizer(args.tokenizer_name or args.output_dir, args.tokenizer_name is not None, overrides)
     config = build_config(args.preset, tokenizer, overrides)
     os.makedirs(args.output_dir, exist_ok=True)
     config.save_pretrained(args.output_dir)

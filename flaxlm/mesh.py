@@ -46,7 +46,7 @@ def global_batch_size(per_device, global_size, mesh, what):
     return global_size
 
 
-def local_rows(global_rows, mesh):
+def local_rows(global_rows):
     """This process's rows of a global batch of `global_rows` examples (contiguous, in order)."""
     count, index = jax.process_count(), jax.process_index()
     per = global_rows // count

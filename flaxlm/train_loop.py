@@ -69,7 +69,7 @@ def make_train_step(loss_sums, tx, accum_steps):
 
 def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
     """Exact metrics over every validation row (padding rows count for nothing)."""
-    local = meshlib.local_rows(global_batch, mesh)
+    local = meshlib.local_rows(global_batch)
     sharding = meshlib.batch_sharding(mesh)
     totals = None
     n_batches = math.ceil(len(rows) / global_batch)
@@ -91,7 +91,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     """Run the loop to total_steps; returns the final params (replicated jax arrays)."""
     accum = args.gradient_accumulation_steps
     global_batch = micro_batch * accum
-    local = meshlib.local_rows(micro_batch, mesh)
+    local = _accum_slice(meshlib.local_rows(micro_batch), micro_batch, accum)  # this process's rows
     batch_sharding = meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0)
     repl = meshlib.replicated(mesh)
 
@@ -144,7 +144,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         if args.eval_at_start and start == 0 and args.do_eval and eval_rows is not None:
             run_eval(0)
         for step in range(start, total_steps):
-            rows = train_rows.batch_rows(step, _accum_slice(local, micro_batch, accum))
+            rows = train_rows.batch_rows(step, local)
             batch = objective.collate(rows, np.random.default_rng([seed, 1, step]))
             if accum > 1:
                 batch = {k: v.reshape(accum, -1, *v.shape[1:]) for k, v in batch.items()}
