@@ -23,18 +23,16 @@ def main(argv=None):
     model_args, source, data_args, args = parse_args(ModelArgs, TextSourceArgs, DataArgs, TrainingArgs,
                                                      argv=argv, prog="run_mlm_flax.py", description=__doc__)
     from flaxlm import mesh as meshlib
-    from flaxlm.batches import ShuffledRows, StreamRows
     from flaxlm.data import load_raw_text, tokenize_and_group
     from flaxlm.mlm import mlm_objective, resolve_seq_len
     from flaxlm.mlm_masking import MLMMasker
     from flaxlm.models import decay_mask, split_model
     from flaxlm.optim import make_optimizer
-    from flaxlm.output_dir import check_hub_access, prepare_output_dir, push_to_hub
-    from flaxlm.pipeline import load_model, train_and_eval_rows, total_train_steps
+    from flaxlm.output_dir import check_hub_access, prepare_output_dir
+    from flaxlm.pipeline import batch_sizes, export, load_model, training_rows
     from flaxlm.run_log import RunLog
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
     from flaxlm.train_loop import train
-    from flaxlm.models.hf_io import save_pretrained
 
     meshlib.maybe_initialize_distributed()
     prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
@@ -43,7 +41,8 @@ def main(argv=None):
 
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token)
-    config, model = load_model(model_args, seed=args.seed)
+    config, model = load_model(model_args, seed=args.seed, model_types=("bert", "roberta"),
+                               script="run_mlm_flax.py")
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
@@ -51,11 +50,7 @@ def main(argv=None):
 
     # Devices and batch sizes.
     mesh = meshlib.make_mesh()
-    micro_batch = meshlib.global_batch_size(args.per_device_train_batch_size, args.train_batch_size, mesh,
-                                            "--train_batch_size")
-    eval_batch = meshlib.global_batch_size(args.per_device_eval_batch_size, args.eval_batch_size, mesh,
-                                           "--eval_batch_size")
-    global_batch = micro_batch * args.gradient_accumulation_steps
+    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # Text -> token rows of seq_len -> the rows of each step.
     raw = load_raw_text(source, data_args.validation_split_percentage, args.seed)
@@ -64,14 +59,9 @@ def main(argv=None):
                               overwrite_cache=data_args.overwrite_cache,
                               max_train_samples=data_args.max_train_samples,
                               max_eval_samples=data_args.max_eval_samples)
-    train_source, eval_rows = train_and_eval_rows(data, streaming=source.streaming)
-    if source.streaming:
-        train_rows = StreamRows(train_source, global_batch)
-    else:
-        train_rows = ShuffledRows(train_source, global_batch, args.seed)
-    total_steps = total_train_steps(args, train_rows, source.streaming)
+    train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
 
-    # Train.
+    # Train: masked tokens predicted at their slots only.
     tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
     objective = mlm_objective(graphdef, config, masker, seq_len)
     log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
@@ -82,14 +72,8 @@ def main(argv=None):
     log.close()
 
     # Export in Hugging Face format.
-    if meshlib.is_main_process():
-        save_pretrained(args.output_dir, config, params)
-        tokenizer.save_pretrained(args.output_dir)
-        print(f"exported the model and tokenizer to {args.output_dir} "
-              f"(load with transformers.AutoModelForMaskedLM.from_pretrained)", flush=True)
-        if args.push_to_hub:
-            push_to_hub(args.output_dir, args.hub_model_id or os.path.basename(os.path.abspath(args.output_dir)),
-                        args.hub_token or model_args.token)
+    export(args.output_dir, config, params, tokenizer, "transformers.AutoModelForMaskedLM",
+           push=args.push_to_hub, hub_model_id=args.hub_model_id, token=args.hub_token or model_args.token)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python train_tokenizer.py --train_file a.txt --train_file b.txt --output_dir models/my-roberta
     python train_tokenizer.py --dataset_name NAME --dataset_config_name CONFIG --type wordpiece \\
         --vocab_size 30522 --output_dir models/my-bert
+    python train_tokenizer.py --train_file a.txt --type unigram --vocab_size 32000 --output_dir models/my-t5
 """
 import dataclasses
 import os

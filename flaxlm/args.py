@@ -46,7 +46,13 @@ class DataArgs:
     line_by_line: bool = option(False, help="one example per non-empty line instead of packed blocks")
     pad_to_max_length: bool = option(False, help="pad every example to max_seq_length (always done: static "
                                                  "shapes); accepted for compatibility")
-    mlm_probability: float = option(0.15, help="fraction of tokens masked for the MLM loss")
+    mlm_probability: float = option(0.15, help="fraction of tokens masked for the MLM loss (T5: the noise "
+                                               "density, the fraction of tokens in corrupted spans)")
+
+
+@dataclass
+class SpanCorruptionArgs:
+    mean_noise_span_length: float = option(3.0, help="T5 span corruption: mean length of a corrupted span")
 
 
 @dataclass

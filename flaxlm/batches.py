@@ -60,12 +60,14 @@ class StreamRows:
 
 
 def eval_batches(rows, global_batch, local, pad_id):
-    """Every row of the validation set once, in order; the last batch padded with rows of pad_id
-    (which carry no targets, so every metric excludes them). Yields this process's slice."""
+    """Every row of the validation set once, in order, as (rows, real): this process's slice of each
+    global batch and a bool per row, False for the rows of pad_id that fill up the last batch (the
+    loop gives those no weight, so every metric excludes them)."""
     n = len(rows)
     for start in range(0, n, global_batch):
         chunk = take_rows(rows, np.arange(start, min(start + global_batch, n)))
+        real = np.arange(global_batch) < len(chunk)
         if len(chunk) < global_batch:
             pad = np.full((global_batch - len(chunk), chunk.shape[1]), pad_id, dtype=np.int32)
             chunk = np.concatenate([chunk, pad])
-        yield chunk[local]
+        yield chunk[local], real[local]

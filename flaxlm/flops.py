@@ -27,6 +27,24 @@ def encoder_mlm_train_flops(config, batch, seq_len, num_predictions):
     return 3 * batch * (encoder + head)
 
 
+def encoder_decoder_train_flops(config, batch, inputs_length, targets_length):
+    """FLOPs of one train step of a T5 encoder-decoder (T5Config): encoder self-attention over the inputs,
+    decoder causal self-attention (counted in full, as computed) and cross-attention whose keys and values
+    cover the encoder length, FFNs of 2 or (gated) 3 matrices, and the LM head over the vocabulary at every
+    target position."""
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    inner = config.num_heads * config.d_kv  # q/k/v/o width; need not be d_model
+    L, T = inputs_length, targets_length
+    ffn = (3 if config.is_gated_act else 2) * 2 * d * f  # per token
+    encoder_layer = L * (4 * 2 * d * inner + ffn + 2 * 2 * L * inner)  # q,k,v,o; ffn; scores + weighted sum
+    decoder_layer = (T * (4 * 2 * d * inner + 2 * 2 * T * inner)  # self-attention
+                     + T * 2 * 2 * d * inner + L * 2 * 2 * d * inner + T * 2 * 2 * L * inner  # cross: q,o; k,v; attn
+                     + T * ffn)
+    head = T * 2 * d * v
+    forward = config.num_layers * encoder_layer + config.num_decoder_layers * decoder_layer + head
+    return 3 * batch * forward
+
+
 def device_peak_flops(dtype="float32", override=None):
     """(peak FLOP/s of one device, where the figure comes from)."""
     if override:

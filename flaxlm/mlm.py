@@ -39,5 +39,6 @@ def mlm_objective(graphdef, config, masker, seq_len):
                 "weight_sum": weights.sum()}
 
     return Objective(loss_sums=loss_sums, collate=masker, pad_id=masker.pad_token_id,
+                     weights_key="masked_weights",
                      flops_per_example=encoder_mlm_train_flops(config, 1, seq_len, masker.num_predictions),
                      tokens_per_example=seq_len)

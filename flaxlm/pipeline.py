@@ -1,5 +1,6 @@
 """Steps every pretraining script shares between its options and its training loop."""
 import itertools
+import os
 
 import numpy as np
 
@@ -9,22 +10,68 @@ MATERIALIZE_BYTES = 2 << 30  # token rows up to this size are held in memory as 
 STREAM_EVAL_ROWS = 10_000  # validation rows taken from a stream when --max_eval_samples is not set
 
 
-def load_model(model_args, seed):
-    """(config, model): continued from --model_name_or_path, or new from --config_name."""
+SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "run_t5_mlm_flax.py"}
+
+
+def load_model(model_args, seed, model_types, script):
+    """(config, model): continued from --model_name_or_path, or new from --config_name; the config's
+    model_type must be one of model_types (those `script` trains)."""
     from flaxlm.models import create_model
     from flaxlm.models.hf_io import load_config, load_pretrained
-    if model_args.model_name_or_path:
-        config, model = load_pretrained(model_args.model_name_or_path, dtype=model_args.dtype)
-    elif model_args.config_name:
-        config = load_config(model_args.config_name)
-        model = create_model(config, dtype=model_args.dtype, seed=seed)
-    else:
+    path = model_args.model_name_or_path or model_args.config_name
+    if not path:
         raise UserError("no model given; pass --config_name DIR (write one with create_config.py) to train from "
                         "scratch, or --model_name_or_path DIR to continue a Hugging Face checkpoint")
+    config = load_config(path)
+    if config.model_type not in model_types:
+        other = SCRIPT_FOR.get(config.model_type)
+        hint = f"use {other}" if other else f"use a {' or '.join(model_types)} config"
+        raise UserError(f"{path} holds a {config.model_type} model but {script} trains {', '.join(model_types)}; "
+                        f"{hint}")
     if model_args.model_type and model_args.model_type != config.model_type:
         raise UserError(f"--model_type {model_args.model_type} does not match the config's model_type "
                         f"{config.model_type}; drop --model_type or use a {model_args.model_type} config")
+    if model_args.model_name_or_path:
+        config, model = load_pretrained(model_args.model_name_or_path, dtype=model_args.dtype)
+    else:
+        model = create_model(config, dtype=model_args.dtype, seed=seed)
     return config, model
+
+
+def batch_sizes(args, mesh):
+    """(micro batch, eval batch, global batch): global row counts that divide over the mesh's devices."""
+    from flaxlm import mesh as meshlib
+    micro = meshlib.global_batch_size(args.per_device_train_batch_size, args.train_batch_size, mesh,
+                                      "--train_batch_size")
+    evals = meshlib.global_batch_size(args.per_device_eval_batch_size, args.eval_batch_size, mesh,
+                                      "--eval_batch_size")
+    return micro, evals, micro * args.gradient_accumulation_steps
+
+
+def training_rows(data, streaming, args, global_batch):
+    """(train rows by step, validation rows or None, total steps) from tokenize_and_group's output."""
+    from flaxlm.batches import ShuffledRows, StreamRows
+    train_source, eval_rows = train_and_eval_rows(data, streaming)
+    if streaming:
+        train_rows = StreamRows(train_source, global_batch)
+    else:
+        train_rows = ShuffledRows(train_source, global_batch, args.seed)
+    return train_rows, eval_rows, total_train_steps(args, train_rows, streaming)
+
+
+def export(output_dir, config, params, tokenizer, load_with, push=False, hub_model_id=None, token=None):
+    """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format, from process 0,
+    then upload them when asked."""
+    from flaxlm import mesh as meshlib
+    from flaxlm.models.hf_io import save_pretrained
+    from flaxlm.output_dir import push_to_hub
+    if not meshlib.is_main_process():
+        return
+    save_pretrained(output_dir, config, params)
+    tokenizer.save_pretrained(output_dir)
+    print(f"exported the model and tokenizer to {output_dir} (load with {load_with}.from_pretrained)", flush=True)
+    if push:
+        push_to_hub(output_dir, hub_model_id or os.path.basename(os.path.abspath(output_dir)), token)
 
 
 def train_and_eval_rows(data, streaming):

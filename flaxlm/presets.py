@@ -20,6 +20,20 @@ _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, t
              hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
 
 
+# T5 (google/t5-v1_1-* and google-t5/t5-* on the hub): v1.1 has a gated-GELU FFN and an untied LM head,
+# the original a ReLU FFN and the LM head tied to the embeddings. transformers 5 reads tie_word_embeddings
+# false into scale_decoder_outputs=False (flaxlm.models.t5.ties_embeddings).
+_T5 = dict(model_type="t5", vocab_size=32128, d_kv=64, relative_attention_num_buckets=32,
+           relative_attention_max_distance=128, dropout_rate=0.1, layer_norm_epsilon=1e-6, initializer_factor=1.0,
+           decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+_T5_V1_1 = {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
+_T5_ORIGINAL = {**_T5, "feed_forward_proj": "relu", "tie_word_embeddings": True}
+
+
+def _t5_shape(d_model, d_ff, layers, heads):
+    return dict(d_model=d_model, d_ff=d_ff, num_layers=layers, num_decoder_layers=layers, num_heads=heads)
+
+
 def _shape(hidden, layers, heads, intermediate):
     return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                 intermediate_size=intermediate)
@@ -34,6 +48,14 @@ PRESETS = {
     "roberta-small": {**_ROBERTA, **_shape(128, 4, 4, 512), "vocab_size": 8192, "max_position_embeddings": 258},
     "roberta-tiny": {**_ROBERTA, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 130},
     "bert-tiny": {**_BERT, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 128},
+    "t5-v1_1-small": {**_T5_V1_1, **_t5_shape(512, 1024, 8, 6)},
+    "t5-v1_1-base": {**_T5_V1_1, **_t5_shape(768, 2048, 12, 12)},
+    "t5-v1_1-large": {**_T5_V1_1, **_t5_shape(1024, 2816, 24, 16)},
+    "t5-small": {**_T5_ORIGINAL, **_t5_shape(512, 2048, 6, 8)},
+    "t5-base": {**_T5_ORIGINAL, **_t5_shape(768, 3072, 12, 12)},
+    # tiny T5s for tests and the CPU demo
+    "t5-v1_1-tiny": {**_T5_V1_1, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
+    "t5-tiny": {**_T5_ORIGINAL, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
 }
 
 # Special tokens looked up by text when the tokenizer does not name them (e.g. a bare tokenizer.json).
@@ -106,7 +128,7 @@ def _special_ids(tokenizer):
 
 def _check_shapes(config):
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings"):
+                "max_position_embeddings", "num_decoder_layers", "d_ff", "d_kv", "relative_attention_num_buckets"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value <= 0:
             raise UserError(f"config key '{key}' must be positive, got {value}")
@@ -119,7 +141,7 @@ def build_config(preset, tokenizer=None, overrides=None):
     """A transformers config from a preset name, sized to tokenizer, with overrides winning.
 
     overrides: {key: value} or ['key=value', ...]. With a tokenizer, vocab_size = len(tokenizer) and
-    pad/bos/eos ids are the tokenizer's.
+    pad/bos/eos ids are the tokenizer's (T5: pad and eos, decoder_start_token_id = pad, no bos).
     """
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
@@ -143,7 +165,12 @@ def build_config(preset, tokenizer=None, overrides=None):
 
     if tokenizer is not None:
         fields["vocab_size"] = len(tokenizer)
-        fields.update(_special_ids(tokenizer))
+        special = _special_ids(tokenizer)
+        if model_type == "t5":  # no bos; the decoder starts from the pad token, as in every T5
+            special.pop("bos_token_id", None)
+            if "pad_token_id" in special:
+                special["decoder_start_token_id"] = special["pad_token_id"]
+        fields.update(special)
         vocab_size = overrides.get("vocab_size")
         if vocab_size is not None and vocab_size < len(tokenizer):
             raise UserError(f"tokenizer has {len(tokenizer)} tokens but vocab_size is {vocab_size}; "

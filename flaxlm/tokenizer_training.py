@@ -1,8 +1,8 @@
-"""Train tokenizers from text: byte-level BPE as RoBERTa/GPT-2 have, WordPiece as BERT has.
+"""Train tokenizers from text: byte-level BPE as RoBERTa/GPT-2 have, WordPiece as BERT has, Unigram as T5 has.
 
-Both return a `transformers` tokenizer; save_pretrained(dir) writes tokenizer.json and
+Each returns a `transformers` tokenizer; save_pretrained(dir) writes tokenizer.json and
 tokenizer_config.json, and AutoTokenizer.from_pretrained(dir) gives it back (RobertaTokenizer,
-BertTokenizer) with its special tokens and model_max_length.
+BertTokenizer, and for Unigram a TokenizersBackend) with its special tokens and model_max_length.
 """
 import os
 
@@ -10,12 +10,15 @@ import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from flaxlm.errors import UserError
+from flaxlm.unigram_tokenizer import SentencePieceUnigramTokenizer, VocabTooSmall
 
 # files a tokenizer may have in a model directory (other files there, such as config.json, are not ours)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
-                   "special_tokens_map.json")
+                   "special_tokens_map.json", "added_tokens.json", "spiece.model")
 BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4, as RoBERTa has them
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4
+UNIGRAM_SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0..2, as T5 has them
+T5_SENTINELS = tuple(f"<extra_id_{k}>" for k in range(100))  # span k of T5's span corruption
 
 
 def train_bpe(texts_iter, vocab_size=50265, min_frequency=2, model_max_length=512, lowercase=False, total=None):
@@ -66,13 +69,42 @@ def train_wordpiece(texts_iter, vocab_size=30522, min_frequency=2, model_max_len
                                       model_max_length=model_max_length)
 
 
-TRAINERS = {"bpe": train_bpe, "wordpiece": train_wordpiece}  # the T5 issue adds "unigram"
+def train_unigram(texts_iter, vocab_size=32000, min_frequency=2, model_max_length=512, lowercase=False,
+                  total=None):
+    """T5's SentencePiece-style Unigram tokenizer (flaxlm/unigram_tokenizer.py) with T5's 100 sentinels.
+
+    Ids: <pad> 0, </s> 1 (appended to every sequence), <unk> 2, then the trained pieces, then the
+    sentinels in reverse, as Hugging Face's T5 tokenizers have them: <extra_id_k> is len(tokenizer) - 1 - k.
+    vocab_size counts the trained pieces with the 3 special tokens, not the sentinels, as in Google's T5
+    and Hugging Face's recipe: len(tokenizer) is vocab_size + 100 (fewer pieces when the text is too
+    small to fill the vocabulary). min_frequency is accepted for a common signature and ignored: Unigram
+    prunes pieces by likelihood, not by count.
+
+    It is saved as a TokenizersBackend, not a T5Tokenizer, because T5Tokenizer rebuilds its pipeline on
+    loading and would drop this one's normalizer and digit/punctuation splits; the sentinels are its
+    extra_special_tokens (what transformers 4 called additional_special_tokens).
+    """
+    too_small = UserError(f"--vocab_size {vocab_size} is too small for this text: a Unigram vocabulary needs "
+                          f"every character seen in training plus 3 special tokens; raise --vocab_size")
+    if vocab_size <= len(UNIGRAM_SPECIALS):
+        raise too_small
+    pad, eos, unk = UNIGRAM_SPECIALS
+    unigram = SentencePieceUnigramTokenizer(pad_token=pad, eos_token=eos, unk_token=unk, lowercase=lowercase)
+    try:
+        unigram.train_from_iterator(texts_iter, vocab_size=vocab_size, show_progress=True, length=total)
+    except VocabTooSmall:
+        raise too_small from None
+    tok = Tokenizer.from_str(unigram.to_str())
+    tok.add_special_tokens([AddedToken(t, special=True) for t in reversed(T5_SENTINELS)])
+    return transformers.TokenizersBackend(tokenizer_object=tok, model_max_length=model_max_length, pad_token=pad,
+                                          eos_token=eos, unk_token=unk, extra_special_tokens=list(T5_SENTINELS))
+
+
+TRAINERS = {"bpe": train_bpe, "wordpiece": train_wordpiece, "unigram": train_unigram}
 
 
 def get_trainer(kind):
     """The train_* function for --type, or a UserError naming what exists."""
-    if kind == "unigram" and kind not in TRAINERS:
-        raise UserError("unigram is added by the T5 issue; use --type bpe or --type wordpiece for now")
     if kind not in TRAINERS:
         raise UserError(f"unknown tokenizer --type {kind}; use one of {', '.join(TRAINERS)}")
     return TRAINERS[kind]

@@ -26,10 +26,12 @@ from flaxlm.flops import device_peak_flops
 @dataclasses.dataclass
 class Objective:
     """loss_sums(params, batch, dropout_key or None) -> dict of sums with 'loss_sum' and 'weight_sum'
-    (the count of target tokens) and any other '*_sum' metric; collate(rows_BL, rng) -> numpy batch."""
+    (the count of target tokens) and any other '*_sum' metric; collate(rows_BL, rng) -> numpy batch,
+    whose entry `weights_key` [B, ...] weighs each target (evaluation zeroes it on padding rows)."""
     loss_sums: Callable
     collate: Callable
     pad_id: int
+    weights_key: str
     flops_per_example: float
     tokens_per_example: int
 
@@ -73,9 +75,12 @@ def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
     sharding = meshlib.batch_sharding(mesh)
     totals = None
     n_batches = math.ceil(len(rows) / global_batch)
-    for i, chunk in enumerate(tqdm(eval_batches(rows, global_batch, local, objective.pad_id), total=n_batches,
-                                   desc="eval", leave=False, disable=jax.process_index() != 0)):
+    for i, (chunk, real) in enumerate(tqdm(eval_batches(rows, global_batch, local, objective.pad_id),
+                                           total=n_batches, desc="eval", leave=False,
+                                           disable=jax.process_index() != 0)):
         batch = objective.collate(chunk, np.random.default_rng([seed, 2, i]))
+        w = batch[objective.weights_key]
+        batch[objective.weights_key] = w * real.reshape(-1, *[1] * (w.ndim - 1)).astype(w.dtype)
         sums = eval_step(params, meshlib.to_device_batch(batch, sharding))
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     totals = jax.device_get(totals)

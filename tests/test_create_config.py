@@ -9,6 +9,7 @@ import pytest
 import transformers
 
 from flaxlm.errors import UserError
+from flaxlm.models.t5 import ties_embeddings
 from flaxlm.presets import PRESETS, build_config, count_params, parse_overrides
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,7 +31,29 @@ HF_SHAPES = {  # from the Hugging Face hub config.json files
     "roberta-small": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
                           max_position_embeddings=258),
 }
-CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig}
+_T5_HUB = dict(vocab_size=32128, d_kv=64, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+               dropout_rate=0.1, layer_norm_epsilon=1e-6, initializer_factor=1.0, relative_attention_num_buckets=32,
+               relative_attention_max_distance=128)
+HF_SHAPES.update({  # google/t5-v1_1-* and google-t5/t5-* config.json
+    "t5-v1_1-small": dict(_T5_HUB, d_model=512, d_ff=1024, num_layers=8, num_decoder_layers=8, num_heads=6,
+                          feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "t5-v1_1-base": dict(_T5_HUB, d_model=768, d_ff=2048, num_layers=12, num_decoder_layers=12, num_heads=12,
+                         feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "t5-v1_1-large": dict(_T5_HUB, d_model=1024, d_ff=2816, num_layers=24, num_decoder_layers=24, num_heads=16,
+                          feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "t5-small": dict(_T5_HUB, d_model=512, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
+                     feed_forward_proj="relu", tie_word_embeddings=True),
+    "t5-base": dict(_T5_HUB, d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12,
+                    feed_forward_proj="relu", tie_word_embeddings=True),
+})
+CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig, "t5": transformers.T5Config}
+
+
+def config_value(config, key):
+    """config.key, except T5's tie_word_embeddings, which transformers 5 keeps in scale_decoder_outputs."""
+    if key == "tie_word_embeddings" and config.model_type == "t5":
+        return ties_embeddings(config)
+    return getattr(config, key)
 
 
 def save_tokenizer(path, specials=("<s>", "<pad>", "</s>", "<unk>", "<mask>"), n_words=40):
@@ -60,15 +83,56 @@ def test_preset_round_trips(name, tmp_path):
     loaded = transformers.AutoConfig.from_pretrained(tmp_path)
     assert type(loaded) is type(config)
     for key, value in PRESETS[name].items():
-        assert getattr(loaded, key) == value, key
+        assert config_value(loaded, key) == value, key
     for key, value in HF_SHAPES.get(name, {}).items():
-        assert getattr(loaded, key) == value, key
+        assert config_value(loaded, key) == value, key
     assert count_params(loaded) > 0
 
 
 def test_param_counts_match_known_sizes():
     assert abs(count_params(build_config("roberta-base")) / 1e6 - 124.7) < 1
     assert abs(count_params(build_config("bert-base-uncased")) / 1e6 - 110) < 1.5
+    # transformers' T5ForConditionalGeneration.num_parameters() of the hub models
+    assert count_params(build_config("t5-small")) == 60_506_624
+    assert count_params(build_config("t5-base")) == 222_903_552
+    assert count_params(build_config("t5-v1_1-small")) == 76_961_152
+    assert count_params(build_config("t5-v1_1-base")) == 247_577_856
+    assert count_params(build_config("t5-v1_1-large")) == 783_150_080
+
+
+def test_t5_special_ids_from_tokenizer(tmp_path):
+    """T5 takes pad and eos from the tokenizer, starts the decoder at pad and has no bos."""
+    tok = save_tokenizer(tmp_path / "bpe")  # train_tokenizer.py's bpe layout: <s> 0, <pad> 1, </s> 2
+    config = build_config("t5-v1_1-base", transformers.AutoTokenizer.from_pretrained(tmp_path / "bpe"))
+    assert config.vocab_size == len(tok) == 45
+    assert (config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (1, 2, 1)
+    assert getattr(config, "bos_token_id", None) is None
+    assert not ties_embeddings(config) and config.d_model == 768
+
+    from tokenizers import Tokenizer, models as tok_models
+    vocab = {t: i for i, t in enumerate(["<pad>", "</s>", "<unk>"] + [f"w{i}" for i in range(20)])}
+    t5_like = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(tok_models.WordLevel(vocab, "<unk>")),
+                                                   pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    config = build_config("t5-tiny", t5_like)
+    assert (config.vocab_size, config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (23, 0, 1, 0)
+    assert getattr(config, "bos_token_id", None) is None and ties_embeddings(config)
+    config.save_pretrained(tmp_path / "t5")
+    saved = json.loads((tmp_path / "t5" / "config.json").read_text())
+    assert "bos_token_id" not in saved and saved["decoder_start_token_id"] == 0
+
+
+def test_t5_overrides_and_shapes():
+    # the attention width is num_heads * d_kv, which need not divide or equal d_model
+    config = build_config("t5-tiny", overrides={"d_model": 70, "num_heads": 3})
+    assert (config.hidden_size, config.num_attention_heads, config.d_kv) == (70, 3, 16)
+    assert count_params(config) > 0
+    config = build_config("t5-v1_1-tiny", overrides=["num_decoder_layers=3", "dropout_rate=0"])
+    assert (config.num_layers, config.num_decoder_layers, config.dropout_rate) == (2, 3, 0.0)
+    for bad in (["d_ff=0"], ["num_decoder_layers=0"], ["d_kv=0"]):
+        with pytest.raises(UserError, match="positive"):
+            build_config("t5-tiny", overrides=bad)
+    with pytest.raises(UserError, match="feed_forward_proj|bad config value"):
+        build_config("t5-tiny", overrides=["feed_forward_proj=gated-gelu-x"])
 
 
 def test_vocab_and_special_ids_from_tokenizer(tmp_path):

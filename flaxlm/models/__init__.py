@@ -2,7 +2,8 @@
 
     model = create_model(config, dtype="bfloat16")
     graphdef, params = split_model(model)            # params: nested dict of float32 arrays, str keys
-    logits = apply_model(graphdef, params, ids_BL, mask_BL, masked_positions_BP=pos_BP, dropout_key=key)
+    logits = apply_model(graphdef, params, ids_BL, mask_BL, masked_positions_BP=pos_BP, dropout_key=key)  # BERT
+    logits = apply_model(graphdef, params, ids_BL, mask_BL, decoder_ids_BT, dropout_key=key)  # T5
 """
 import jax
 import jax.numpy as jnp
@@ -10,12 +11,13 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models import bert
+from flaxlm.models import bert, t5
 
 # config.model_type -> module class taking (config, *, dtype, rngs). Later families register here.
 MODELS = {
     "bert": bert.BertForMaskedLM,
     "roberta": bert.BertForMaskedLM,
+    "t5": t5.T5ForConditionalGeneration,
 }
 
 

@@ -1,7 +1,9 @@
 """Hugging Face checkpoints: tensor-name maps, safetensors load/save, config.json, hub download.
 
-Each model family registers a function in NAME_MAPS returning (hf_name, our_path, kind) triples, kind
-"linear" for a torch Linear weight [out, in] that is our kernel [in, out] transposed, "copy" otherwise.
+Each model family registers a Family in NAME_MAPS: a function returning (hf_name, our_path, kind) triples,
+kind "linear" for a torch Linear weight [out, in] that is our kernel [in, out] transposed, "copy" otherwise;
+a normalize function accepting other conventions (tied copies, old names); the architecture name; what a
+bare checkpoint may lack; and the tie_word_embeddings value config.json gets on export.
 The loader is strict: every tensor is used, none is missing, every shape matches.
 """
 import copy
@@ -10,11 +12,13 @@ import logging
 import os
 import re
 import tempfile
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from flaxlm import models
 from flaxlm.errors import UserError
+from flaxlm.models.t5 import ties_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +103,93 @@ def _bert_normalize(config, tensors, notes):
     return out
 
 
-# config.model_type -> (names(config), normalize(config, tensors, notes) -> tensors, architecture)
+def t5_names(config):
+    """Tensor names of T5ForConditionalGeneration (transformers 5) -> our parameter paths (flaxlm.models.t5).
+
+    Hugging Face keeps each stack's relative-position bias in its first block only; encoder.embed_tokens and
+    decoder.embed_tokens are the shared embeddings (never saved); lm_head.weight exists when untied (v1.1).
+    """
+    names = [("shared.weight", ("shared", "embedding"), "copy")]
+
+    def norm(hf, ours):
+        names.append((f"{hf}.weight", (*ours, "scale"), "copy"))
+
+    def linear(hf, ours):
+        names.append((f"{hf}.weight", (*ours, "kernel"), "linear"))
+
+    ffn = ("wi_0", "wi_1", "wo") if config.is_gated_act else ("wi", "wo")
+    for stack, n in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
+        names.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                      (stack, "relative_attention_bias", "embedding"), "copy"))
+        for i in range(n):
+            hf, ours = f"{stack}.block.{i}.layer.", (stack, "layers", str(i))
+            for proj in ("q", "k", "v", "o"):
+                linear(f"{hf}0.SelfAttention.{proj}", (*ours, "attn", proj))
+            norm(f"{hf}0.layer_norm", (*ours, "attn_norm"))
+            if stack == "decoder":
+                for proj in ("q", "k", "v", "o"):
+                    linear(f"{hf}1.EncDecAttention.{proj}", (*ours, "cross_attn", proj))
+                norm(f"{hf}1.layer_norm", (*ours, "cross_norm"))
+            f = 2 if stack == "decoder" else 1
+            for w in ffn:
+                linear(f"{hf}{f}.DenseReluDense.{w}", (*ours, "mlp", w))
+            norm(f"{hf}{f}.layer_norm", (*ours, "mlp_norm"))
+        norm(f"{stack}.final_layer_norm", (stack, "final_norm"))
+    if not ties_embeddings(config):
+        linear("lm_head", ("lm_head",))
+    return names
+
+
+def _same(a, b):
+    return a.shape == b.shape and np.allclose(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def _t5_normalize(config, tensors, notes):
+    """Drop what Hugging Face ties or ignores: the stacks' embed_tokens copies of shared.weight, a tied
+    lm_head.weight (checked equal), decoder cross-attention's unused relative_attention_bias. An untied (v1.1)
+    config whose checkpoint has no lm_head.weight (transformers 5 saves v1.1 models built from a config tied)
+    gets a copy of shared.weight, which is what transformers computes with."""
+    out = dict(tensors)
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        x = out.pop(name, None)
+        if x is None:
+            continue
+        if "shared.weight" not in out:
+            out["shared.weight"] = x
+        elif not _same(x, out["shared.weight"]):
+            raise UserError(f"tensor {name} differs from shared.weight; only checkpoints whose encoder and decoder "
+                            f"share the input embeddings (every T5) are supported")
+    unused = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
+    if out.pop(unused, None) is not None:
+        notes.append(f"ignored {unused} (cross-attention has no position bias; transformers ignores it too)")
+    shared, head = out.get("shared.weight"), out.get("lm_head.weight")
+    if ties_embeddings(config):
+        if head is not None:
+            if shared is not None and not _same(head, shared):
+                raise UserError("tensor lm_head.weight differs from shared.weight but config.json describes original "
+                                "T5 with tied embeddings; for an untied LM head (T5 v1.1) set tie_word_embeddings "
+                                "to false in config.json")
+            out.pop("lm_head.weight")
+    elif head is None and shared is not None and getattr(config, "tie_word_embeddings", False):
+        out["lm_head.weight"] = shared
+        notes.append("the checkpoint has no lm_head.weight and its config.json ties it to shared.weight; the "
+                     "untied LM head starts as a copy of the shared embeddings")
+    return out
+
+
+class Family(NamedTuple):
+    names: Callable  # names(config) -> [(hf_name, our_path, kind)]
+    normalize: Callable  # normalize(config, tensors, notes) -> tensors in the names' convention
+    architecture: str  # config.json "architectures"
+    fresh_head: str | None = None  # top-level parameter group a bare checkpoint may lack (started fresh)
+    tie_word_embeddings: Callable = lambda config: True  # the value written to config.json on export
+
+
+# config.model_type -> Family
 NAME_MAPS = {
-    "bert": (bert_names, _bert_normalize, "BertForMaskedLM"),
-    "roberta": (bert_names, _bert_normalize, "RobertaForMaskedLM"),
+    "bert": Family(bert_names, _bert_normalize, "BertForMaskedLM", fresh_head="mlm_head"),
+    "roberta": Family(bert_names, _bert_normalize, "RobertaForMaskedLM", fresh_head="mlm_head"),
+    "t5": Family(t5_names, _t5_normalize, "T5ForConditionalGeneration", tie_word_embeddings=ties_embeddings),
 }
 
 
@@ -125,6 +212,14 @@ def _set(tree, path, value):
     tree[path[-1]] = value
 
 
+def _describe(config):
+    """'model_type 't5', 2+2 layers': what a mismatch message names of config.json."""
+    layers = str(config.num_hidden_layers)
+    if getattr(config, "num_decoder_layers", None) is not None:
+        layers += f"+{config.num_decoder_layers}"
+    return f"model_type {config.model_type!r}, {layers} layers"
+
+
 def _list(names, limit=5):
     names = sorted(names)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
@@ -136,10 +231,9 @@ def _list(names, limit=5):
 
 
 def to_hf_state_dict(config, params):
-    """Our params -> {Hugging Face tensor name: float32 numpy array}, as save_pretrained of *ForMaskedLM writes."""
-    names, _, _ = _name_map(config)
+    """Our params -> {Hugging Face tensor name: float32 numpy array}, as transformers' save_pretrained writes."""
     out = {}
-    for hf, path, kind in names(config):
+    for hf, path, kind in _name_map(config).names(config):
         x = np.asarray(_get(params, path), dtype=np.float32)
         out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
     return out
@@ -148,33 +242,35 @@ def to_hf_state_dict(config, params):
 def from_hf_state_dict(config, tensors, *, init_params=None, seed=0):
     """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays).
 
-    A bare encoder checkpoint (no MLM head) keeps the head from `init_params` (default: a fresh init from seed)
-    and logs a warning. Any other missing, unexpected or wrongly shaped tensor is a UserError.
+    A bare encoder checkpoint of a family with a `fresh_head` (BERT/RoBERTa without the MLM head) keeps the head
+    from `init_params` (default: a fresh init from seed) and logs a warning. Any other missing, unexpected or
+    wrongly shaped tensor is a UserError.
     """
-    names, normalize, _ = _name_map(config)
+    family = _name_map(config)
     notes = []
-    tensors = normalize(config, dict(tensors), notes)
+    tensors = family.normalize(config, dict(tensors), notes)
     _, shapes = models.abstract_model(config)
-    expected = names(config)
+    expected = family.names(config)
     missing = [hf for hf, _, _ in expected if hf not in tensors]
-    head_missing = [hf for hf, path, _ in expected if path[0] == "mlm_head"]
-    if missing and set(missing) == set(head_missing):  # a bare encoder: keep a fresh head
+    head = family.fresh_head
+    head_missing = [hf for hf, path, _ in expected if head is not None and path[0] == head]
+    if missing and head_missing and set(missing) == set(head_missing):  # a bare encoder: keep a fresh head
         if init_params is None:
             _, init_params = models.split_model(models.create_model(config, seed=seed))
         notes.append("the checkpoint has no masked-LM head (a bare encoder); the head starts freshly initialized")
         tensors = dict(tensors)
         for hf, path, kind in expected:
-            if path[0] == "mlm_head":
+            if path[0] == head:
                 x = np.asarray(_get(init_params, path), np.float32)
                 tensors[hf] = x.T if kind == "linear" else x
         missing = []
     if missing:
         raise UserError(f"checkpoint is missing tensor(s) {_list(missing)}; it does not match config.json "
-                        f"(model_type {config.model_type!r}, {config.num_hidden_layers} layers)")
+                        f"({_describe(config)})")
     unexpected = set(tensors) - {hf for hf, _, _ in expected}
     if unexpected:
         raise UserError(f"checkpoint has unexpected tensor(s) {_list(unexpected)}; it does not match config.json "
-                        f"(model_type {config.model_type!r}, {config.num_hidden_layers} layers)")
+                        f"({_describe(config)})")
     params = {}
     for hf, path, kind in expected:
         want = tuple(_get(shapes, path).shape)
@@ -207,14 +303,15 @@ def _atomic_write(path, write):
 
 
 def save_pretrained(output_dir, config, params):
-    """Write config.json and model.safetensors (float32) loadable by transformers' AutoModelForMaskedLM."""
+    """Write config.json and model.safetensors (float32) loadable by transformers' from_pretrained of the
+    family's architecture (AutoModelForMaskedLM, T5ForConditionalGeneration)."""
     from safetensors.numpy import save_file
 
-    _, _, architecture = _name_map(config)
+    family = _name_map(config)
     os.makedirs(output_dir, exist_ok=True)
     config = copy.deepcopy(config)
-    config.architectures = [architecture]
-    config.tie_word_embeddings = True
+    config.architectures = [family.architecture]
+    config.tie_word_embeddings = family.tie_word_embeddings(config)
     config.dtype = "float32"
     tensors = to_hf_state_dict(config, params)
     _atomic_write(os.path.join(output_dir, SAFE_WEIGHTS), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
@@ -273,8 +370,8 @@ def read_safetensors(path):
         files = [SAFE_WEIGHTS]
     elif any(os.path.isfile(os.path.join(path, f)) for f in PICKLE_WEIGHTS):
         raise UserError(f"{path} has only a pickle checkpoint (pytorch_model.bin), which is never unpickled here; "
-                        f"convert it: AutoModelForMaskedLM.from_pretrained(dir).save_pretrained(dir, "
-                        f"safe_serialization=True)")
+                        f"convert it: AutoModelForMaskedLM (T5: T5ForConditionalGeneration).from_pretrained(dir)"
+                        f".save_pretrained(dir, safe_serialization=True)")
     else:
         raise UserError(f"no {SAFE_WEIGHTS} in {path}; pass a directory written by save_pretrained")
     tensors = {}
@@ -297,7 +394,7 @@ def read_safetensors(path):
 def load_pretrained(path, dtype="float32", *, seed=0):
     """(config, model) from a directory holding config.json + safetensors (or a hub name); compute in dtype.
 
-    A bare encoder checkpoint gets a fresh MLM head initialized from `seed` (logged as a warning).
+    A bare BERT/RoBERTa encoder checkpoint gets a fresh MLM head initialized from `seed` (logged as a warning).
     """
     import jax
     import jax.numpy as jnp

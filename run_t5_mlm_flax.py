@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""T5 span-corruption pretraining in JAX/Flax; the successor of Hugging Face's run_t5_mlm_flax.py.
+
+Pipeline: options -> output directory -> tokenizer (with <extra_id_*> sentinels) and T5 model (new from
+--config_name, or continued from --model_name_or_path) -> text -> token chunks long enough that,
+once corrupted, they fill --max_seq_length exactly -> span corruption (noise density
+--mlm_probability, mean span --mean_noise_span_length) -> training over all devices with evaluation
+and checkpoints -> export in Hugging Face format to --output_dir.
+
+    python run_t5_mlm_flax.py --output_dir runs/t5 --config_name MODEL_DIR --tokenizer_name MODEL_DIR \
+        --train_file train.txt --validation_file valid.txt --max_seq_length 512 --adafactor
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.args import DataArgs, ModelArgs, SpanCorruptionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
+
+
+def main(argv=None):
+    model_args, source, data_args, span_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, TrainingArgs, argv=argv,
+        prog="run_t5_mlm_flax.py", description=__doc__)
+    if data_args.line_by_line:
+        raise UserError("--line_by_line does not apply to span corruption (text is grouped into chunks); drop it")
+    from flaxlm import mesh as meshlib
+    from flaxlm.data import load_raw_text, tokenize_and_group
+    from flaxlm.models import decay_mask, split_model
+    from flaxlm.optim import make_optimizer
+    from flaxlm.output_dir import check_hub_access, prepare_output_dir
+    from flaxlm.pipeline import batch_sizes, export, load_model, training_rows
+    from flaxlm.run_log import RunLog
+    from flaxlm.span_corruption import SpanCorruptor
+    from flaxlm.span_lm import check_decoder_start, resolve_input_length, span_objective
+    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+    from flaxlm.train_loop import train
+
+    meshlib.maybe_initialize_distributed()
+    prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
+    if args.push_to_hub:
+        check_hub_access(args.hub_token or model_args.token)
+
+    # Tokenizer, model and the corruption's lengths: raw chunk -> input of max_seq_length + target.
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token)
+    config, model = load_model(model_args, seed=args.seed, model_types=("t5",), script="run_t5_mlm_flax.py")
+    check_fits(tokenizer, config)
+    check_decoder_start(config)
+    inputs_length = resolve_input_length(data_args.max_seq_length, tokenizer)
+    corruptor = SpanCorruptor.from_tokenizer(tokenizer, inputs_length, data_args.mlm_probability,
+                                             span_args.mean_noise_span_length,
+                                             decoder_start_token_id=config.decoder_start_token_id)
+    graphdef, params = split_model(model)
+
+    # Devices and batch sizes.
+    mesh = meshlib.make_mesh()
+    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+
+    # Text -> token chunks of the raw length -> the chunks of each step.
+    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed)
+    data = tokenize_and_group(raw, tokenizer, corruptor.raw_length,
+                              num_workers=data_args.preprocessing_num_workers,
+                              overwrite_cache=data_args.overwrite_cache,
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
+    train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
+
+    # Train: the decoder predicts each sentinel and the tokens its span replaced.
+    tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
+    objective = span_objective(graphdef, config, corruptor)
+    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
+    params = train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
+                   train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
+                   total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
+                   eval_batch=eval_batch, log=log, dtype=model_args.dtype)
+    log.close()
+
+    # Export in Hugging Face format.
+    export(args.output_dir, config, params, tokenizer, "transformers.T5ForConditionalGeneration",
+           push=args.push_to_hub, hub_model_id=args.hub_model_id, token=args.hub_token or model_args.token)
+
+
+if __name__ == "__main__":
+    run_main(main)

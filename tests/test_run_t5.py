@@ -1,0 +1,147 @@
+"""run_t5_mlm_flax.py end to end on a tiny T5: export into transformers with the same loss, exact eval,
+and the bad input the span-corruption pipeline can meet."""
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import create_config
+import run_mlm_flax
+import run_t5_mlm_flax
+import train_tokenizer
+from flaxlm import mesh as meshlib
+from flaxlm.demo_corpus import write_demo_corpus
+from flaxlm.errors import UserError
+from flaxlm.models import create_model, split_model
+from flaxlm.models.hf_io import load_config, load_pretrained
+from flaxlm.span_corruption import SpanCorruptor
+from flaxlm.span_lm import span_objective
+from flaxlm.train_loop import evaluate
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    paths = write_demo_corpus(str(d))
+    with open(paths["train"], encoding="utf-8") as f:
+        lines = f.readlines()[:300]
+    small = d / "train_small.txt"
+    small.write_text("".join(lines), encoding="utf-8")
+    return {"train": str(small), "validation": paths["validation"]}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, corpus):
+    """A Unigram tokenizer with 100 sentinels and a tiny T5 v1.1 config, written by our own scripts."""
+    d = str(tmp_path_factory.mktemp("t5model"))
+    train_tokenizer.main(["--type", "unigram", "--train_file", corpus["train"], "--vocab_size", "300",
+                          "--model_max_length", "64", "--output_dir", d])
+    create_config.main(["--preset", "t5-v1_1-tiny", "--output_dir", d])
+    return d
+
+
+def run_args(model_dir, corpus, out, *extra):
+    return ["--output_dir", str(out), "--model_type", "t5", "--config_name", model_dir, "--tokenizer_name", model_dir,
+            "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--max_seq_length", "32",
+            "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "5e-3",
+            "--adafactor", "--weight_decay", "0.001", "--warmup_steps", "2", "--logging_steps", "1", *extra]
+
+
+def read_metrics(out, split="train"):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["split"] == split]
+
+
+def test_end_to_end_export_has_our_loss_in_transformers(model_dir, corpus, tmp_path):
+    out = tmp_path / "run"
+    run_t5_mlm_flax.main(run_args(model_dir, corpus, out, "--max_steps", "6", "--eval_steps", "3",
+                                  "--save_steps", "3", "--save_total_limit", "1"))
+    train_rows, eval_rows = read_metrics(out), read_metrics(out, "eval")
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6] and [r["step"] for r in eval_rows] == [3, 6]
+    assert all(np.isfinite(r["loss"]) and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in train_rows[1:])
+    assert os.listdir(out / "checkpoints") == ["6"]
+
+    import torch
+    from transformers import AutoTokenizer, T5ForConditionalGeneration
+    tok = AutoTokenizer.from_pretrained(out)
+    hf = T5ForConditionalGeneration.from_pretrained(out).eval()
+    config, ours = load_pretrained(str(out))
+    corruptor = SpanCorruptor.from_tokenizer(tok, 32, 0.15, 3.0, decoder_start_token_id=config.decoder_start_token_id)
+    text = open(corpus["validation"], encoding="utf-8").read()[:4000]
+    ids = np.asarray(tok(text)["input_ids"][: 4 * corruptor.raw_length], np.int32).reshape(4, -1)
+    batch = corruptor(ids, np.random.default_rng(0))
+    graphdef, params = split_model(ours)
+    objective = span_objective(graphdef, config, corruptor)
+    sums = objective.loss_sums(params, batch, None)
+    our_loss = float(sums["loss_sum"] / sums["weight_sum"])
+    with torch.no_grad():
+        labels = torch.tensor(np.where(batch["label_weights"] > 0, batch["labels"], -100), dtype=torch.long)
+        theirs = hf(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
+                    attention_mask=torch.tensor(batch["attention_mask"], dtype=torch.long), labels=labels).loss
+    assert our_loss == pytest.approx(float(theirs), abs=1e-4)
+
+
+def test_eval_counts_every_target_of_every_real_row(model_dir):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    config = load_config(model_dir)
+    corruptor = SpanCorruptor.from_tokenizer(tok, 32, 0.15, 3.0, decoder_start_token_id=0)
+    graphdef, params = split_model(create_model(config, seed=0))
+    objective = span_objective(graphdef, config, corruptor)
+    mesh = meshlib.make_mesh()
+    params = jax.device_put(params, meshlib.replicated(mesh))
+    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None))
+    rows = np.random.default_rng(0).integers(3, len(tok) - 100, size=(21, corruptor.raw_length)).astype(np.int32)
+    result = evaluate(eval_step, params, objective, rows, 8, mesh, seed=0)  # last batch: 5 real rows, 3 padding
+    assert result["target_tokens"] == 21 * corruptor.targets_length
+    assert evaluate(eval_step, params, objective, rows, 24, mesh, seed=0)["target_tokens"] == result["target_tokens"]
+
+
+# Bad input: one clear line, exit code 2, nothing destroyed.
+
+def expect_user_error(main, argv, match):
+    with pytest.raises(UserError, match=match):
+        main(argv)
+
+
+def test_tokenizer_without_sentinels(model_dir, corpus, tmp_path):
+    bpe = str(tmp_path / "bpe")
+    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "300", "--output_dir", bpe])
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    args[args.index("--tokenizer_name") + 1] = bpe
+    expect_user_error(run_t5_mlm_flax.main, args, "extra_id|sentinel")
+
+
+@pytest.mark.parametrize("flag,value,match", [("--mlm_probability", "1.0", "mlm_probability"),
+                                              ("--mlm_probability", "0", "mlm_probability"),
+                                              ("--mean_noise_span_length", "0.5", "mean_noise_span_length"),
+                                              ("--max_seq_length", "2", "max_seq_length")])
+def test_corruption_settings_out_of_range(model_dir, corpus, tmp_path, flag, value, match):
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    expect_user_error(run_t5_mlm_flax.main, args, match)
+    assert not os.path.exists(tmp_path / "o" / "metrics.jsonl")
+
+
+def test_config_vocab_smaller_than_tokenizer(model_dir, corpus, tmp_path):
+    small = tmp_path / "small"
+    shutil.copytree(model_dir, small)
+    cfg = json.loads((small / "config.json").read_text())
+    cfg["vocab_size"] = 100
+    (small / "config.json").write_text(json.dumps(cfg))
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    args[args.index("--config_name") + 1] = str(small)
+    expect_user_error(run_t5_mlm_flax.main, args, "vocab_size")
+
+
+def test_wrong_script_for_the_model_and_line_by_line(model_dir, corpus, tmp_path):
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    expect_user_error(run_t5_mlm_flax.main, args + ["--line_by_line"], "line_by_line")
+    mlm_args = [a for a in args if a not in ("--adafactor", "t5", "--model_type")]
+    expect_user_error(run_mlm_flax.main, mlm_args, "run_t5_mlm_flax.py")
