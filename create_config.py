@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flaxlm.args import ConfigArgs  # noqa: E402
 from flaxlm.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.models.hf_io import save_config  # noqa: E402
 from flaxlm.tokenizer_io import load_tokenizer  # noqa: E402
 from flaxlm.tokenizer_training import TOKENIZER_FILES  # noqa: E402
 from flaxlm.presets import PRESETS, build_config, count_params, get_preset, human, parse_overrides  # noqa: E402
@@ -23,8 +24,10 @@ from flaxlm.presets import PRESETS, build_config, count_params, get_preset, huma
 def list_presets():
     for name in PRESETS:
         config = build_config(name)
+        decoder = getattr(config, "num_decoder_layers", None)
+        layers = f"{config.num_hidden_layers}+{decoder}" if decoder else f"{config.num_hidden_layers}"
         print(f"{name:20s} {config.model_type:10s} {human(count_params(config)):>6s} params  "
-              f"hidden {config.hidden_size}, layers {config.num_hidden_layers}, "
+              f"hidden {config.hidden_size}, layers {layers}, "
               f"heads {config.num_attention_heads}, vocab {config.vocab_size}")
 
 
@@ -57,8 +60,7 @@ def main(argv=None):
 
     tokenizer = find_tokenizer(args.tokenizer_name or args.output_dir, args.tokenizer_name is not None, overrides)
     config = build_config(args.preset, tokenizer, overrides)
-    os.makedirs(args.output_dir, exist_ok=True)
-    config.save_pretrained(args.output_dir)
+    save_config(args.output_dir, config)
     source = "tokenizer" if tokenizer is not None else "--set"
     print(f"wrote {config_path}: preset {args.preset} ({config.model_type}, {human(count_params(config))} params), "
           f"vocab_size {config.vocab_size} from {source}")

@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# The demo pipeline end to end on the default corpus (CPython's own documentation text):
-# tokenizer -> config -> masked-LM pretraining with evaluation -> Hugging Face export -> fill-mask.
-# Runs in a few minutes on a 2-core CPU. Output in runs/demo/ (replaced on each run).
+# The demo pipeline end to end on the default corpus (CPython's own documentation text), no download:
+#   bash demo.sh       RoBERTa: BPE tokenizer -> config -> masked-LM pretraining with evaluation ->
+#                      Hugging Face export -> fill-mask           (configs/demo.yaml, output in runs/demo/)
+#   bash demo.sh t5    T5 v1.1: Unigram tokenizer -> config -> span-corruption pretraining with evaluation
+#                      -> Hugging Face export -> span filling     (configs/t5-demo.yaml, output in runs/t5-demo/)
+# Further arguments go to the training script (e.g. --max_steps 100). Each run replaces its output.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python}
+task=mlm
+if [[ "${1:-}" == "t5" || "${1:-}" == "mlm" ]]; then task=$1; shift; fi
 start=$(date +%s)
 $PY -m flaxlm.demo_corpus --output_dir runs/demo/data
-$PY train_tokenizer.py --config_file configs/demo.yaml --overwrite_output_dir
-$PY create_config.py --config_file configs/demo.yaml --overwrite_output_dir
-$PY run_mlm_flax.py --config_file configs/demo.yaml --overwrite_output_dir "$@"
-$PY fill_mask.py runs/demo/run "The break statement is used to leave a l<mask>p early." \
-    "Return the absolute value of a n<mask>ber."
-$PY -m flaxlm.eval_summary runs/demo/run/metrics.jsonl
-echo "demo finished in $(( $(date +%s) - start )) s; eval losses in runs/demo/run/metrics.jsonl"
+if [[ $task == mlm ]]; then
+    recipe=configs/demo.yaml run=runs/demo/run
+    $PY train_tokenizer.py --config_file $recipe --overwrite_output_dir
+    $PY create_config.py --config_file $recipe --overwrite_output_dir
+    $PY run_mlm_flax.py --config_file $recipe --overwrite_output_dir "$@"
+    $PY fill_mask.py $run "The break statement is used to leave a l<mask>p early." \
+        "Return the absolute value of a n<mask>ber."
+else
+    recipe=configs/t5-demo.yaml run=runs/t5-demo/run
+    $PY train_tokenizer.py --config_file $recipe --overwrite_output_dir
+    $PY create_config.py --config_file $recipe --overwrite_output_dir
+    $PY run_t5_mlm_flax.py --config_file $recipe --overwrite_output_dir "$@"
+    $PY fill_spans.py $run "The break statement is used to leave a <extra_id_0> early." \
+        "Return the <extra_id_0> value of a number."
+fi
+$PY -m flaxlm.eval_summary $run/metrics.jsonl
+echo "demo finished in $(( $(date +%s) - start )) s; eval losses in $run/metrics.jsonl"

@@ -54,6 +54,7 @@ PRESETS = {
     "t5-small": {**_T5_ORIGINAL, **_t5_shape(512, 2048, 6, 8)},
     "t5-base": {**_T5_ORIGINAL, **_t5_shape(768, 3072, 12, 12)},
     # tiny T5s for tests and the CPU demo
+    "t5-v1_1-mini": {**_T5_V1_1, **_t5_shape(128, 384, 3, 4), "d_kv": 32, "vocab_size": 8192},
     "t5-v1_1-tiny": {**_T5_V1_1, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
     "t5-tiny": {**_T5_ORIGINAL, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
 }

@@ -100,6 +100,29 @@ def test_eval_counts_every_target_of_every_real_row(model_dir):
     assert evaluate(eval_step, params, objective, rows, 24, mesh, seed=0)["target_tokens"] == result["target_tokens"]
 
 
+def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_path, monkeypatch):
+    from flaxlm.batches import ShuffledRows
+    common = ("--max_steps", "6", "--save_steps", "3", "--do_eval", "false")
+    run_t5_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "straight", *common))
+    straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
+    original = ShuffledRows.batch_rows
+
+    def crash_at_3(self, step, local):
+        if step == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, step, local)
+
+    monkeypatch.setattr(ShuffledRows, "batch_rows", crash_at_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_t5_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common))
+    monkeypatch.setattr(ShuffledRows, "batch_rows", original)
+    run_t5_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common, "--resume_from_checkpoint",
+                                  "latest"))
+    resumed = read_metrics(tmp_path / "resumed")
+    assert [r["step"] for r in resumed] == list(range(1, 7))
+    assert [r["loss"] for r in resumed] == pytest.approx(straight, rel=1e-6)
+
+
 # Bad input: one clear line, exit code 2, nothing destroyed.
 
 def expect_user_error(main, argv, match):

@@ -302,20 +302,27 @@ def _atomic_write(path, write):
             os.remove(tmp)
 
 
-def save_pretrained(output_dir, config, params):
-    """Write config.json and model.safetensors (float32) loadable by transformers' from_pretrained of the
-    family's architecture (AutoModelForMaskedLM, T5ForConditionalGeneration)."""
-    from safetensors.numpy import save_file
-
+def save_config(output_dir, config):
+    """Write config.json as the family's Hugging Face class writes it, with its architecture and the
+    tie_word_embeddings that transformers 4.x and 5.x both read right (T5 v1.1: false)."""
     family = _name_map(config)
     os.makedirs(output_dir, exist_ok=True)
     config = copy.deepcopy(config)
     config.architectures = [family.architecture]
     config.tie_word_embeddings = family.tie_word_embeddings(config)
     config.dtype = "float32"
-    tensors = to_hf_state_dict(config, params)
-    _atomic_write(os.path.join(output_dir, SAFE_WEIGHTS), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
     _atomic_write(os.path.join(output_dir, "config.json"), lambda p: config.to_json_file(p, use_diff=True))
+
+
+def save_pretrained(output_dir, config, params):
+    """Write config.json and model.safetensors (float32) loadable by transformers' from_pretrained of the
+    family's architecture (AutoModelForMaskedLM, T5ForConditionalGeneration)."""
+    from safetensors.numpy import save_file
+
+    tensors = to_hf_state_dict(config, params)
+    os.makedirs(output_dir, exist_ok=True)
+    _atomic_write(os.path.join(output_dir, SAFE_WEIGHTS), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    save_config(output_dir, config)
 
 
 def _looks_local(path):
