@@ -13,7 +13,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 class ModelArgs:
     model_name_or_path: str | None = option(help="Hugging Face model directory (or hub name) to start from; "
                                                  "omit to train from scratch with --config_name")
-    model_type: str | None = option(help="model family when training from scratch (bert, roberta)")
+    model_type: str | None = option(help="model family, checked against config.json (bert, roberta, t5)")
     config_name: str | None = option(help="directory (or hub name) holding config.json")
     tokenizer_name: str | None = option(help="directory (or hub name) holding the tokenizer")
     use_fast_tokenizer: bool = option(True, help="accepted for compatibility; tokenizers are always fast")

@@ -72,6 +72,50 @@ def relative_buckets(query_len, key_len, bidirectional, num_buckets, max_distanc
     return out
 
 
+def split_last(x, sizes):
+    """x split along its last axis into pieces of `sizes`; the gradient is one concatenation (autodiff's
+    would pad each piece's cotangent to full width and add them: several passes over x's size)."""
+    return _split_last(x, tuple(sizes))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _split_last(x, sizes):
+    out, start = [], 0
+    for n in sizes:
+        out.append(jax.lax.slice_in_dim(x, start, start + n, axis=x.ndim - 1))
+        start += n
+    return tuple(out)
+
+
+def _split_last_fwd(x, sizes):
+    return _split_last(x, sizes), None
+
+
+def _split_last_bwd(sizes, _, grads):
+    return (jnp.concatenate(grads, axis=-1),)
+
+
+_split_last.defvjp(_split_last_fwd, _split_last_bwd)
+
+
+@jax.custom_vjp
+def add_shared_bias(logits_BNTS, bias_1NTS):
+    """logits + bias broadcast over the batch; the bias gradient (a sum over the batch) is a matrix-vector
+    product, several times faster on CPU than XLA's reduce over the leading axis."""
+    return logits_BNTS + bias_1NTS
+
+
+def _add_shared_bias_fwd(logits_BNTS, bias_1NTS):
+    return logits_BNTS + bias_1NTS, None
+
+
+def _add_shared_bias_bwd(_, g_BNTS):
+    return g_BNTS, jnp.einsum("b,bnts->nts", jnp.ones(g_BNTS.shape[:1], g_BNTS.dtype), g_BNTS)[None]
+
+
+add_shared_bias.defvjp(_add_shared_bias_fwd, _add_shared_bias_bwd)
+
+
 def t5_attention(q_BTNH, k_BSNH, v_BSNH, bias_1NTS=None, mask_B1TS=None, *, dropout_rate=0.0, dropout_key=None):
     """softmax(q k^T + bias) v, no 1/sqrt(H) scaling; mask (bool, True = attend) hides keys.
 
@@ -82,7 +126,7 @@ def t5_attention(q_BTNH, k_BSNH, v_BSNH, bias_1NTS=None, mask_B1TS=None, *, drop
         return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=bias_1NTS, mask=mask_B1TS, scale=1.0)
     logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
     if bias_1NTS is not None:
-        logits_BNTS = logits_BNTS + bias_1NTS
+        logits_BNTS = add_shared_bias(logits_BNTS, bias_1NTS)
     if mask_B1TS is not None:
         logits_BNTS = jnp.where(mask_B1TS, logits_BNTS, jnp.finfo(jnp.float32).min)
     probs_BNTS = dropout(jax.nn.softmax(logits_BNTS, axis=-1), dropout_rate, dropout_key).astype(v_BSNH.dtype)
@@ -118,15 +162,24 @@ class Attention(nnx.Module):
         self.o = dense(N * H, D, dtype, f * (N * H) ** -0.5, rngs, use_bias=False)
         self.num_heads, self.head_dim, self.dropout_rate = N, H, config.dropout_rate
 
-    def __call__(self, x_BTD, kv_BSD, bias_1NTS, mask_B1TS, key):
-        """Attention of x's queries over kv's keys and values (kv is x for self-attention)."""
-        (B, T, _), S, N, H = x_BTD.shape, kv_BSD.shape[1], self.num_heads, self.head_dim
-        q_BTNH = self.q(x_BTD).reshape(B, T, N, H)
-        k_BSNH = self.k(kv_BSD).reshape(B, S, N, H)
-        v_BSNH = self.v(kv_BSD).reshape(B, S, N, H)
+    def __call__(self, x_BTD, kv_BSD, bias_1NTS, mask_B1TS, key, kv_proj=None):
+        """Attention of x's queries over kv's keys and values (kv is x for self-attention); kv_proj: kv's
+        keys and values, [B * S, N * H] each, when already projected (the decoder's cross-attention)."""
+        (B, T, D), N, H = x_BTD.shape, self.num_heads, self.head_dim
+        x_MD = x_BTD.reshape(B * T, D)  # M = B * T: 2-D matmuls, ~5% faster per train step on CPU than 3-D ones
+        if kv_proj is not None:
+            q_MI, (k_BSI, v_BSI) = self.q(x_MD), kv_proj  # BS: B * S rows
+        elif kv_BSD is x_BTD:  # self-attention: one matmul against [q | k | v]
+            w_D3I = jnp.concatenate([self.q.kernel[...], self.k.kernel[...], self.v.kernel[...]],
+                                    axis=1).astype(x_BTD.dtype)
+            q_MI, k_BSI, v_BSI = split_last(jnp.dot(x_MD, w_D3I), (N * H,) * 3)
+        else:
+            kv_SD = kv_BSD.reshape(-1, kv_BSD.shape[-1])
+            q_MI, k_BSI, v_BSI = self.q(x_MD), self.k(kv_SD), self.v(kv_SD)
+        q_BTNH, k_BSNH, v_BSNH = q_MI.reshape(B, T, N, H), k_BSI.reshape(B, -1, N, H), v_BSI.reshape(B, -1, N, H)
         o_BTNH = t5_attention(q_BTNH, k_BSNH, v_BSNH, bias_1NTS, mask_B1TS, dropout_rate=self.dropout_rate,
                               dropout_key=key)
-        return self.o(o_BTNH.reshape(B, T, N * H))
+        return self.o(o_BTNH.reshape(B * T, N * H)).reshape(B, T, -1)
 
 
 class FeedForward(nnx.Module):
@@ -147,14 +200,15 @@ class FeedForward(nnx.Module):
 
     def __call__(self, x_BTD, key):
         act = activation(self.act)
+        x_MD = x_BTD.reshape(-1, x_BTD.shape[-1])  # 2-D matmuls, as in Attention
         if self.gated:  # one matmul against [wi_0 | wi_1] (measured ~5% faster per train step on CPU than two)
             w_DG = jnp.concatenate([self.wi_0.kernel[...], self.wi_1.kernel[...]], axis=1).astype(x_BTD.dtype)
-            g_BTG = jnp.dot(x_BTD, w_DG)
             F = w_DG.shape[1] // 2
-            h_BTF = act(g_BTG[..., :F]) * g_BTG[..., F:]
+            a_MF, b_MF = split_last(jnp.dot(x_MD, w_DG), (F, F))
+            h_MF = act(a_MF) * b_MF
         else:
-            h_BTF = act(self.wi(x_BTD))
-        return self.wo(dropout(h_BTF, self.dropout_rate, key))
+            h_MF = act(self.wi(x_MD))
+        return self.wo(dropout(h_MF, self.dropout_rate, key)).reshape(x_BTD.shape[:-1] + (-1,))
 
 
 class Block(nnx.Module):
@@ -172,15 +226,15 @@ class Block(nnx.Module):
         self.is_decoder = is_decoder
         self.dropout_rate = config.dropout_rate
 
-    def __call__(self, x_BTD, bias_1NTT, mask_B1TT, key, enc_BSD=None, enc_mask_B11S=None):
+    def __call__(self, x_BTD, bias_1NTT, mask_B1TT, key, enc_BSD=None, enc_mask_B11S=None, cross_kv=None):
         rate = self.dropout_rate
         h_BTD = self.attn_norm(x_BTD)
         x_BTD = x_BTD + dropout(self.attn(h_BTD, h_BTD, bias_1NTT, mask_B1TT, fold_key(key, 0)), rate,
                                 fold_key(key, 1))
         if self.is_decoder:
             h_BTD = self.cross_norm(x_BTD)
-            x_BTD = x_BTD + dropout(self.cross_attn(h_BTD, enc_BSD, None, enc_mask_B11S, fold_key(key, 2)), rate,
-                                    fold_key(key, 3))
+            cross_BTD = self.cross_attn(h_BTD, enc_BSD, None, enc_mask_B11S, fold_key(key, 2), cross_kv)
+            x_BTD = x_BTD + dropout(cross_BTD, rate, fold_key(key, 3))
         h_BTD = self.mlp(self.mlp_norm(x_BTD), fold_key(key, 4))
         return x_BTD + dropout(h_BTD, rate, fold_key(key, 5))
 
@@ -204,6 +258,15 @@ class Stack(nnx.Module):
         table_NK = self.relative_attention_bias.embedding[...].T
         return jnp.take(table_NK, buckets_TS, axis=1)[None]
 
+    def cross_keys_values(self, enc_BSD):
+        """Every layer's cross-attention keys and values, [(k, v)], each [B * S, N * H]: one matmul of the
+        encoder output against all the layers' k and v kernels side by side."""
+        ws = [w for layer in self.layers for w in (layer.cross_attn.k.kernel[...], layer.cross_attn.v.kernel[...])]
+        enc_MD = enc_BSD.reshape(-1, enc_BSD.shape[-1])
+        kv_MX = jnp.dot(enc_MD, jnp.concatenate(ws, axis=1).astype(enc_BSD.dtype))
+        parts = split_last(kv_MX, [w.shape[1] for w in ws])
+        return list(zip(parts[0::2], parts[1::2]))
+
     def __call__(self, x_BTD, mask_BT, key, enc_BSD=None, enc_mask_BS=None):
         """Hidden states after the final norm; mask_BT (True/1 = real token) hides padding keys, and the
         decoder is causal. The decoder attends to enc_BSD, hiding its padding by enc_mask_BS."""
@@ -214,9 +277,12 @@ class Stack(nnx.Module):
             causal_11TT = jnp.asarray(np.tril(np.ones((T, T), bool)))[None, None]
             mask_B1TT = causal_11TT if mask_B1TT is None else causal_11TT & mask_B1TT
         enc_mask_B11S = None if enc_mask_BS is None else enc_mask_BS[:, None, None, :].astype(bool)
+        cross_kv = [None] * len(self.layers)
+        if self.is_decoder and enc_BSD is not None:
+            cross_kv = self.cross_keys_values(enc_BSD)
         x_BTD = dropout(x_BTD, self.dropout_rate, fold_key(key, 0))
         for i, layer in enumerate(self.layers):
-            x_BTD = layer(x_BTD, bias_1NTT, mask_B1TT, fold_key(key, i + 1), enc_BSD, enc_mask_B11S)
+            x_BTD = layer(x_BTD, bias_1NTT, mask_B1TT, fold_key(key, i + 1), enc_BSD, enc_mask_B11S, cross_kv[i])
         return dropout(self.final_norm(x_BTD), self.dropout_rate, fold_key(key, len(self.layers) + 1))
 
 
