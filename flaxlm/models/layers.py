@@ -2,6 +2,7 @@
 
 Shape suffixes: B batch, L/T query length, S key length, D model width, N heads, H head width, F MLP width.
 """
+import functools
 import math
 
 import jax
@@ -82,6 +83,32 @@ def _fmix32(h):
     h = h ^ (h >> 13)
     h = h * jnp.uint32(0xC2B2AE35)
     return h ^ (h >> 16)
+
+
+def split_last(x, sizes):
+    """x split along its last axis into pieces of `sizes`; the gradient is one concatenation (autodiff's
+    would pad each piece's cotangent to full width and add them: several passes over x's size)."""
+    return _split_last(x, tuple(sizes))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _split_last(x, sizes):
+    out, start = [], 0
+    for n in sizes:
+        out.append(jax.lax.slice_in_dim(x, start, start + n, axis=x.ndim - 1))
+        start += n
+    return tuple(out)
+
+
+def _split_last_fwd(x, sizes):
+    return _split_last(x, sizes), None
+
+
+def _split_last_bwd(sizes, _, grads):
+    return (jnp.concatenate(grads, axis=-1),)
+
+
+_split_last.defvjp(_split_last_fwd, _split_last_bwd)
 
 
 def dense(d_in, d_out, dtype, std, rngs, use_bias=True):

@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models.layers import activation, compute_dtype, dense, dropout, fold_key
+from flaxlm.models.layers import activation, compute_dtype, dense, dropout, fold_key, split_last
 
 
 def ties_embeddings(config):
@@ -70,32 +70,6 @@ def relative_buckets(query_len, key_len, bidirectional, num_buckets, max_distanc
     out = (buckets_TS + np.where(rel_TS < max_exact, rel_TS, large_TS)).astype(np.int32)
     out.flags.writeable = False
     return out
-
-
-def split_last(x, sizes):
-    """x split along its last axis into pieces of `sizes`; the gradient is one concatenation (autodiff's
-    would pad each piece's cotangent to full width and add them: several passes over x's size)."""
-    return _split_last(x, tuple(sizes))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _split_last(x, sizes):
-    out, start = [], 0
-    for n in sizes:
-        out.append(jax.lax.slice_in_dim(x, start, start + n, axis=x.ndim - 1))
-        start += n
-    return tuple(out)
-
-
-def _split_last_fwd(x, sizes):
-    return _split_last(x, sizes), None
-
-
-def _split_last_bwd(sizes, _, grads):
-    return (jnp.concatenate(grads, axis=-1),)
-
-
-_split_last.defvjp(_split_last_fwd, _split_last_bwd)
 
 
 @jax.custom_vjp
