@@ -21,3 +21,16 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """The demo corpus, cut small: ~60 KB train, the demo's validation file."""
+    from flaxlm.demo_corpus import write_demo_corpus
+    d = tmp_path_factory.mktemp("corpus")
+    paths = write_demo_corpus(str(d))
+    with open(paths["train"], encoding="utf-8") as f:
+        lines = f.readlines()[:300]
+    small = d / "train_small.txt"
+    small.write_text("".join(lines), encoding="utf-8")
+    return {"train": str(small), "validation": paths["validation"]}

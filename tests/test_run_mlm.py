@@ -12,9 +12,9 @@ import pytest
 import create_config
 import run_mlm_flax
 import train_tokenizer
+from run_helpers import assert_resume_matches, read_metrics
 from flaxlm import mesh as meshlib
 from flaxlm.args import TrainingArgs
-from flaxlm.demo_corpus import write_demo_corpus
 from flaxlm.errors import UserError
 from flaxlm.mlm import mlm_objective
 from flaxlm.mlm_masking import MLMMasker
@@ -24,18 +24,6 @@ from flaxlm.train_loop import evaluate, make_train_step, train
 from flaxlm.batches import ShuffledRows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory):
-    """The demo corpus, cut small: ~60 KB train, the demo's validation file."""
-    d = tmp_path_factory.mktemp("corpus")
-    paths = write_demo_corpus(str(d))
-    with open(paths["train"], encoding="utf-8") as f:
-        lines = f.readlines()[:300]
-    small = d / "train_small.txt"
-    small.write_text("".join(lines), encoding="utf-8")
-    return {"train": str(small), "validation": paths["validation"]}
 
 
 @pytest.fixture(scope="session")
@@ -53,12 +41,6 @@ def run_args(model_dir, corpus, out, *extra):
             "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--max_seq_length", "32",
             "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "3e-3",
             "--warmup_steps", "2", "--logging_steps", "1", *extra]
-
-
-def read_metrics(out, split="train"):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return [r for r in rows if r["split"] == split]
 
 
 def test_end_to_end_export_loads_in_transformers(model_dir, corpus, tmp_path):
@@ -122,25 +104,10 @@ def test_8_devices_give_the_losses_of_1_device(model_dir, tmp_path):
 
 
 def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_path, monkeypatch):
-    common = ("--max_steps", "20", "--save_steps", "10", "--do_eval", "false")
-    run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "straight", *common))
-    straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
-
-    original = ShuffledRows.batch_rows
-
-    def crash_after_10(self, step, local):
-        if step == 10:
-            raise RuntimeError("simulated crash")
-        return original(self, step, local)
-
-    monkeypatch.setattr(ShuffledRows, "batch_rows", crash_after_10)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common))
-    monkeypatch.setattr(ShuffledRows, "batch_rows", original)
-    run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common, "--resume_from_checkpoint", "latest"))
-    resumed = read_metrics(tmp_path / "resumed")
-    assert [r["step"] for r in resumed] == list(range(1, 21))
-    assert [r["loss"] for r in resumed] == pytest.approx(straight, rel=1e-6)
+    def args_for(out, *extra):
+        return run_args(model_dir, corpus, out, "--max_steps", "20", "--save_steps", "10", "--do_eval", "false",
+                        *extra)
+    assert_resume_matches(run_mlm_flax.main, args_for, monkeypatch, tmp_path, steps=20, crash_step=10)
 
 
 def test_gradient_accumulation_equals_the_full_batch(model_dir):

@@ -12,25 +12,14 @@ import create_config
 import run_mlm_flax
 import run_t5_mlm_flax
 import train_tokenizer
+from run_helpers import assert_resume_matches, read_metrics
 from flaxlm import mesh as meshlib
-from flaxlm.demo_corpus import write_demo_corpus
 from flaxlm.errors import UserError
 from flaxlm.models import create_model, split_model
 from flaxlm.models.hf_io import load_config, load_pretrained
 from flaxlm.span_corruption import SpanCorruptor
 from flaxlm.span_lm import span_objective
 from flaxlm.train_loop import evaluate
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    paths = write_demo_corpus(str(d))
-    with open(paths["train"], encoding="utf-8") as f:
-        lines = f.readlines()[:300]
-    small = d / "train_small.txt"
-    small.write_text("".join(lines), encoding="utf-8")
-    return {"train": str(small), "validation": paths["validation"]}
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +37,6 @@ def run_args(model_dir, corpus, out, *extra):
             "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--max_seq_length", "32",
             "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "5e-3",
             "--adafactor", "--weight_decay", "0.001", "--warmup_steps", "2", "--logging_steps", "1", *extra]
-
-
-def read_metrics(out, split="train"):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [r for r in map(json.loads, f) if r["split"] == split]
 
 
 def test_end_to_end_export_has_our_loss_in_transformers(model_dir, corpus, tmp_path):
@@ -101,26 +85,9 @@ def test_eval_counts_every_target_of_every_real_row(model_dir):
 
 
 def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_path, monkeypatch):
-    from flaxlm.batches import ShuffledRows
-    common = ("--max_steps", "6", "--save_steps", "3", "--do_eval", "false")
-    run_t5_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "straight", *common))
-    straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
-    original = ShuffledRows.batch_rows
-
-    def crash_at_3(self, step, local):
-        if step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, step, local)
-
-    monkeypatch.setattr(ShuffledRows, "batch_rows", crash_at_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run_t5_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common))
-    monkeypatch.setattr(ShuffledRows, "batch_rows", original)
-    run_t5_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "resumed", *common, "--resume_from_checkpoint",
-                                  "latest"))
-    resumed = read_metrics(tmp_path / "resumed")
-    assert [r["step"] for r in resumed] == list(range(1, 7))
-    assert [r["loss"] for r in resumed] == pytest.approx(straight, rel=1e-6)
+    def args_for(out, *extra):
+        return run_args(model_dir, corpus, out, "--max_steps", "6", "--save_steps", "3", "--do_eval", "false", *extra)
+    assert_resume_matches(run_t5_mlm_flax.main, args_for, monkeypatch, tmp_path, steps=6, crash_step=3)
 
 
 # Bad input: one clear line, exit code 2, nothing destroyed.
