@@ -26,13 +26,10 @@ def main(argv=None):
     from flaxlm.data import load_raw_text, tokenize_and_group
     from flaxlm.mlm import mlm_objective, resolve_seq_len
     from flaxlm.mlm_masking import MLMMasker
-    from flaxlm.models import decay_mask, split_model
-    from flaxlm.optim import make_optimizer
+    from flaxlm.models import split_model
     from flaxlm.output_dir import check_hub_access, prepare_output_dir
-    from flaxlm.pipeline import batch_sizes, export, load_model, training_rows
-    from flaxlm.run_log import RunLog
+    from flaxlm.pipeline import batch_sizes, export, load_model, pretrain, training_rows
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
-    from flaxlm.train_loop import train
 
     meshlib.maybe_initialize_distributed()
     prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
@@ -62,18 +59,12 @@ def main(argv=None):
     train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
 
     # Train: masked tokens predicted at their slots only.
-    tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
     objective = mlm_objective(graphdef, config, masker, seq_len)
-    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
-    params = train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
-                   train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
-                   total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
-                   eval_batch=eval_batch, log=log, dtype=model_args.dtype)
-    log.close()
+    params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
+                      eval_batch)
 
     # Export in Hugging Face format.
-    export(args.output_dir, config, params, tokenizer, "transformers.AutoModelForMaskedLM",
-           push=args.push_to_hub, hub_model_id=args.hub_model_id, token=args.hub_token or model_args.token)
+    export(args, model_args, config, params, tokenizer, "transformers.AutoModelForMaskedLM")
 
 
 if __name__ == "__main__":

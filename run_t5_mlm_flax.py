@@ -28,15 +28,12 @@ def main(argv=None):
         raise UserError("--line_by_line does not apply to span corruption (text is grouped into chunks); drop it")
     from flaxlm import mesh as meshlib
     from flaxlm.data import load_raw_text, tokenize_and_group
-    from flaxlm.models import decay_mask, split_model
-    from flaxlm.optim import make_optimizer
+    from flaxlm.models import split_model
     from flaxlm.output_dir import check_hub_access, prepare_output_dir
-    from flaxlm.pipeline import batch_sizes, export, load_model, training_rows
-    from flaxlm.run_log import RunLog
+    from flaxlm.pipeline import batch_sizes, export, load_model, pretrain, training_rows
     from flaxlm.span_corruption import SpanCorruptor
     from flaxlm.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
-    from flaxlm.train_loop import train
 
     meshlib.maybe_initialize_distributed()
     prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
@@ -68,18 +65,12 @@ def main(argv=None):
     train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
 
     # Train: the decoder predicts each sentinel and the tokens its span replaced.
-    tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
     objective = span_objective(graphdef, config, corruptor)
-    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
-    params = train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
-                   train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
-                   total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
-                   eval_batch=eval_batch, log=log, dtype=model_args.dtype)
-    log.close()
+    params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
+                      eval_batch)
 
     # Export in Hugging Face format.
-    export(args.output_dir, config, params, tokenizer, "transformers.T5ForConditionalGeneration",
-           push=args.push_to_hub, hub_model_id=args.hub_model_id, token=args.hub_token or model_args.token)
+    export(args, model_args, config, params, tokenizer, "transformers.T5ForConditionalGeneration")
 
 
 if __name__ == "__main__":

@@ -59,19 +59,40 @@ def training_rows(data, streaming, args, global_batch):
     return train_rows, eval_rows, total_train_steps(args, train_rows, streaming)
 
 
-def export(output_dir, config, params, tokenizer, load_with, push=False, hub_model_id=None, token=None):
-    """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format, from process 0,
-    then upload them when asked."""
+def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
+             eval_batch):
+    """The optimizer (weight decay off for biases and norms), the run log and the training loop over
+    `objective` (honouring --do_train / --do_eval); returns the final params."""
+    from flaxlm.models import decay_mask
+    from flaxlm.optim import make_optimizer
+    from flaxlm.run_log import RunLog
+    from flaxlm.train_loop import train
+    tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
+    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
+    try:
+        return train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
+                     train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
+                     total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
+                     eval_batch=eval_batch, log=log, dtype=model_args.dtype)
+    finally:
+        log.close()
+
+
+def export(args, model_args, config, params, tokenizer, load_with):
+    """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format to
+    --output_dir, from process 0, then upload them with --push_to_hub."""
     from flaxlm import mesh as meshlib
     from flaxlm.models.hf_io import save_pretrained
     from flaxlm.output_dir import push_to_hub
     if not meshlib.is_main_process():
         return
-    save_pretrained(output_dir, config, params)
-    tokenizer.save_pretrained(output_dir)
-    print(f"exported the model and tokenizer to {output_dir} (load with {load_with}.from_pretrained)", flush=True)
-    if push:
-        push_to_hub(output_dir, hub_model_id or os.path.basename(os.path.abspath(output_dir)), token)
+    out = args.output_dir
+    save_pretrained(out, config, params)
+    tokenizer.save_pretrained(out)
+    print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
+    if args.push_to_hub:
+        push_to_hub(out, args.hub_model_id or os.path.basename(os.path.abspath(out)),
+                    args.hub_token or model_args.token)
 
 
 def train_and_eval_rows(data, streaming):
