@@ -4,12 +4,14 @@
 #                      Hugging Face export -> fill-mask           (configs/demo.yaml, output in runs/demo/)
 #   bash demo.sh t5    T5 v1.1: Unigram tokenizer -> config -> span-corruption pretraining with evaluation
 #                      -> Hugging Face export -> span filling     (configs/t5-demo.yaml, output in runs/t5-demo/)
+#   bash demo.sh clm   GPT-2: BPE tokenizer -> config -> causal-LM pretraining with evaluation -> Hugging Face
+#                      export -> text generation                  (configs/clm-demo.yaml, output in runs/clm-demo/)
 # Further arguments go to the training script (e.g. --max_steps 100). Each run replaces its output.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python}
 task=mlm
-if [[ "${1:-}" == "t5" || "${1:-}" == "mlm" ]]; then task=$1; shift; fi
+if [[ "${1:-}" == "t5" || "${1:-}" == "mlm" || "${1:-}" == "clm" ]]; then task=$1; shift; fi
 start=$(date +%s)
 $PY -m flaxlm.demo_corpus --output_dir runs/demo/data
 if [[ $task == mlm ]]; then
@@ -19,6 +21,13 @@ if [[ $task == mlm ]]; then
     $PY run_mlm_flax.py --config_file $recipe --overwrite_output_dir "$@"
     $PY fill_mask.py $run "The break statement is used to leave a l<mask>p early." \
         "Return the absolute value of a n<mask>ber."
+elif [[ $task == clm ]]; then
+    recipe=configs/clm-demo.yaml run=runs/clm-demo/run
+    $PY train_tokenizer.py --config_file $recipe --overwrite_output_dir
+    $PY create_config.py --config_file $recipe --overwrite_output_dir
+    $PY run_clm_flax.py --config_file $recipe --overwrite_output_dir "$@"
+    $PY generate.py --model_name_or_path $run --prompt "The break statement" --prompt "Return the absolute value" \
+        --max_new_tokens 40
 else
     recipe=configs/t5-demo.yaml run=runs/t5-demo/run
     $PY train_tokenizer.py --config_file $recipe --overwrite_output_dir

@@ -28,7 +28,7 @@ def main(argv=None):
     from flaxlm.mlm_masking import MLMMasker
     from flaxlm.models import split_model
     from flaxlm.output_dir import check_hub_access, prepare_output_dir
-    from flaxlm.pipeline import batch_sizes, export, load_model, pretrain, training_rows
+    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, training_rows
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
 
     meshlib.maybe_initialize_distributed()
@@ -50,18 +50,19 @@ def main(argv=None):
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # Text -> token rows of seq_len -> the rows of each step.
-    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed)
+    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
     data = tokenize_and_group(raw, tokenizer, seq_len, line_by_line=data_args.line_by_line,
                               num_workers=data_args.preprocessing_num_workers,
                               overwrite_cache=data_args.overwrite_cache,
                               max_train_samples=data_args.max_train_samples,
                               max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
+    test_rows = held_out_rows(data, "test", source.streaming)
 
     # Train: masked tokens predicted at their slots only.
     objective = mlm_objective(graphdef, config, masker, seq_len)
     params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-                      eval_batch)
+                      eval_batch, test_rows)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForMaskedLM")

@@ -30,7 +30,7 @@ def main(argv=None):
     from flaxlm.data import load_raw_text, tokenize_and_group
     from flaxlm.models import split_model
     from flaxlm.output_dir import check_hub_access, prepare_output_dir
-    from flaxlm.pipeline import batch_sizes, export, load_model, pretrain, training_rows
+    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, training_rows
     from flaxlm.span_corruption import SpanCorruptor
     from flaxlm.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
@@ -56,18 +56,19 @@ def main(argv=None):
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # Text -> token chunks of the raw length -> the chunks of each step.
-    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed)
+    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
     data = tokenize_and_group(raw, tokenizer, corruptor.raw_length,
                               num_workers=data_args.preprocessing_num_workers,
                               overwrite_cache=data_args.overwrite_cache,
                               max_train_samples=data_args.max_train_samples,
                               max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
+    test_rows = held_out_rows(data, "test", source.streaming)
 
     # Train: the decoder predicts each sentinel and the tokens its span replaced.
     objective = span_objective(graphdef, config, corruptor)
     params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-                      eval_batch)
+                      eval_batch, test_rows)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.T5ForConditionalGeneration")

@@ -3,11 +3,13 @@
 
     python bench/train_step.py --task mlm --config small
     python bench/train_step.py --task t5 --config small --reference /tmp/hfref/bin/python
+    python bench/train_step.py --task clm --config small --reference /tmp/hfref/bin/python
 
 Same setup as the reference: vocab 8192, hidden 256, 4 layers, 4 heads, FF 1024, seq 128, batch 32,
 fp32, AdamW, random token ids; tokens counted as batch * seq (T5: input tokens). mlm: RoBERTa, 15%
 masking. t5: T5 v1.1 (gated GELU), 4+4 layers, span corruption with noise 0.15 and mean span 3, so
-input 128 and target 29 (the reference feeds a target of 26, a little less work than ours). The step
+input 128 and target 29 (the reference feeds a target of 26, a little less work than ours). clm: GPT-2
+(gelu_new, tied head, dropout 0.1 as the reference's), next-token loss over every position. The step
 is the real one from flaxlm.train_loop (masking / span corruption on the host included). With --reference PYTHON, hf_reference.py runs
 in the same command (that interpreter needs transformers<5, torch, jax, flax: see its docstring) and
 the ratios are printed. Ends with one JSON line.
@@ -26,13 +28,14 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from flaxlm import mesh as meshlib  # noqa: E402
+from flaxlm.clm import clm_objective  # noqa: E402
 from flaxlm.flops import device_peak_flops  # noqa: E402
 from flaxlm.mlm import mlm_objective  # noqa: E402
 from flaxlm.mlm_masking import MLMMasker  # noqa: E402
 from flaxlm.models import create_model, split_model  # noqa: E402
 from flaxlm.span_corruption import SpanCorruptor  # noqa: E402
 from flaxlm.span_lm import span_objective  # noqa: E402
-from flaxlm.train_loop import make_train_step  # noqa: E402
+from flaxlm.train_loop import cpu_chunks, make_train_step  # noqa: E402
 
 CONFIGS = {
     "small": dict(vocab=8192, hidden=256, layers=4, heads=4, ff=1024, seq=128, batch=32),
@@ -63,13 +66,28 @@ def t5_setup(c, dtype):
     return params, span_objective(graphdef, config, corruptor), corruptor.raw_length
 
 
+def clm_setup(c, dtype):
+    from transformers import GPT2Config
+    config = GPT2Config(vocab_size=c["vocab"], n_embd=c["hidden"], n_layer=c["layers"], n_head=c["heads"],
+                        n_inner=c["ff"], n_positions=c["seq"])
+    graphdef, params = split_model(create_model(config, dtype=dtype, seed=0))
+    return params, clm_objective(graphdef, config, params, c["seq"], pad_id=0), c["seq"]
+
+
+SETUPS = {"mlm": mlm_setup, "t5": t5_setup, "clm": clm_setup}
+
+
 def time_steps(c, task, dtype, steps):
-    params, objective, row_len = {"mlm": mlm_setup, "t5": t5_setup}[task](c, dtype)
+    params, objective, row_len = SETUPS[task](c, dtype)
     mesh = meshlib.make_mesh()
     repl, data = meshlib.replicated(mesh), meshlib.batch_sharding(mesh)
     tx = optax.adamw(1e-4, weight_decay=0.01)
     state = jax.device_put({"step": np.int32(0), "params": params, "opt_state": tx.init(params)}, repl)
-    step = jax.jit(make_train_step(objective.loss_sums, tx, 1), in_shardings=(repl, data, repl),
+    # as the training loop does: on CPU each device's batch goes through the model in chunks of >= 1024 tokens
+    chunks = cpu_chunks(c["batch"] // mesh.size, objective.tokens_per_example, 1024)
+    if chunks > 1:
+        data = meshlib.batch_sharding(mesh, leading_axes=1)
+    step = jax.jit(make_train_step(objective.loss_sums, tx, chunks), in_shardings=(repl, data, repl),
                    out_shardings=(repl, repl), donate_argnums=0)
     rng = np.random.default_rng(0)
     ids = rng.integers(5, c["vocab"] - 100, size=(c["batch"], row_len)).astype(np.int32)
@@ -77,7 +95,10 @@ def time_steps(c, task, dtype, steps):
 
     def one(i):
         nonlocal state
-        batch = meshlib.to_device_batch(objective.collate(ids, np.random.default_rng(i)), data)
+        batch = objective.collate(ids, np.random.default_rng(i))
+        if chunks > 1:
+            batch = {k: v.reshape(chunks, -1, *v.shape[1:]) for k, v in batch.items()}
+        batch = meshlib.to_device_batch(batch, data)
         state, metrics = step(state, batch, jax.random.fold_in(key, i))
         return metrics
 
@@ -96,7 +117,7 @@ def time_steps(c, task, dtype, steps):
 
 
 def run_reference(python, task, c, steps):
-    ref_task = {"mlm": "roberta-mlm", "t5": "t5-span"}[task]
+    ref_task = {"mlm": "roberta-mlm", "t5": "t5-span", "clm": "gpt2-clm"}[task]
     cmd = [python, REFERENCE, "--task", ref_task, "--steps", str(steps), "--batch", str(c["batch"]),
            "--seq", str(c["seq"]), "--vocab", str(c["vocab"]), "--hidden", str(c["hidden"]),
            "--layers", str(c["layers"]), "--heads", str(c["heads"]), "--ff", str(c["ff"])]
@@ -110,7 +131,7 @@ def run_reference(python, task, c, steps):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=["mlm", "t5"], default="mlm")
+    p.add_argument("--task", choices=sorted(SETUPS), default="mlm")
     p.add_argument("--config", choices=sorted(CONFIGS), default="small")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--steps", type=int, default=10, help="timed steps after two warm-up steps")

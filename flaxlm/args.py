@@ -13,7 +13,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 class ModelArgs:
     model_name_or_path: str | None = option(help="Hugging Face model directory (or hub name) to start from; "
                                                  "omit to train from scratch with --config_name")
-    model_type: str | None = option(help="model family, checked against config.json (bert, roberta, t5)")
+    model_type: str | None = option(help="model family, checked against config.json (bert, roberta, t5, gpt2, "
+                                         "opt, llama)")
     config_name: str | None = option(help="directory (or hub name) holding config.json")
     tokenizer_name: str | None = option(help="directory (or hub name) holding the tokenizer")
     use_fast_tokenizer: bool = option(True, help="accepted for compatibility; tokenizers are always fast")
@@ -29,6 +30,7 @@ class TextSourceArgs:
     dataset_config_name: str | None = option(help="configuration of --dataset_name")
     train_file: list[str] | None = option(help="training text: txt, json, jsonl, csv or parquet; repeatable")
     validation_file: list[str] | None = option(help="validation text, same formats as --train_file")
+    test_file: list[str] | None = option(help="test text, evaluated once after training with --do_predict")
     text_column: str | None = option(help="column holding the text (default: 'text', else the only string column)")
     streaming: bool = option(False, help="stream the data instead of loading it (corpora larger than memory)")
     cache_dir: str | None = option(help="where downloaded models and datasets are cached")
@@ -56,17 +58,28 @@ class SpanCorruptionArgs:
 
 
 @dataclass
+class CausalLMArgs:
+    block_size: int | None = option(help="tokens per training example (default: the tokenizer's model_max_length, "
+                                         "at most 1024 and the model's positions)")
+    keep_linebreaks: bool = option(True, help="keep the line breaks of .txt files (lines run on as the file's text; "
+                                              "a text without a final line break is a document: EOS follows it)")
+
+
+@dataclass
 class TrainingArgs:
     output_dir: str = required(help="where checkpoints, logs and the exported model go")
     overwrite_output_dir: bool = option(False, help="write into a non-empty output_dir (only our files are replaced)")
     do_train: bool = option(True, help="train (on by default)")
     do_eval: bool = option(True, help="evaluate every --eval_steps and at the end (on by default)")
+    do_predict: bool = option(False, help="after training, evaluate the test split (--test_file or the dataset's)")
     per_device_train_batch_size: int = option(8, help="examples per device per micro-step")
     per_device_eval_batch_size: int = option(8, help="examples per device per eval step")
     train_batch_size: int | None = option(help="global train batch (overrides the per-device size); "
                                                "must divide over the devices")
     eval_batch_size: int | None = option(help="global eval batch (overrides the per-device size)")
     gradient_accumulation_steps: int = option(1, help="micro-batches summed per optimizer step")
+    cpu_chunk_tokens: int = option(1024, help="on CPU, run each device's micro-batch through the model in chunks "
+                                              "of at least this many tokens (same gradient, faster in cache; 0: off)")
     learning_rate: float = option(5e-5, help="peak learning rate")
     weight_decay: float = option(0.0, help="decoupled weight decay (not on biases and LayerNorm)")
     adam_beta1: float = option(0.9)
@@ -114,3 +127,19 @@ class ConfigArgs:
                                              "(default: output_dir)")
     list_presets: bool = option(False, help="list the presets and exit")
     overwrite_output_dir: bool = option(False, help="replace a config.json already in output_dir")
+
+
+@dataclass
+class GenerateArgs:
+    model_name_or_path: str = required(help="causal LM directory holding config.json and model.safetensors")
+    tokenizer_name: str | None = option(help="directory holding the tokenizer (default: model_name_or_path)")
+    prompt: list[str] | None = option(help="text to continue; repeatable (--prompt A --prompt B)")
+    prompt_file: str | None = option(help="text file of prompts, one per line (blank lines skipped)")
+    max_new_tokens: int = option(50, help="tokens to generate per prompt (fewer if EOS comes first)")
+    do_sample: bool = option(False, help="sample (temperature, top_k, top_p) instead of greedy decoding")
+    temperature: float = option(1.0, help="with --do_sample: divide the logits by this (> 0)")
+    top_k: int = option(0, help="with --do_sample: draw from the k most likely tokens only (0: all)")
+    top_p: float = option(1.0, help="with --do_sample: draw from the smallest set of tokens holding this "
+                                    "probability mass (1: all)")
+    seed: int = option(42, help="seed of the sampling")
+    dtype: str = option("float32", choices=DTYPES, help="compute dtype; parameters stay float32")

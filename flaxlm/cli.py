@@ -22,7 +22,8 @@ import yaml
 
 from flaxlm.errors import UserError
 
-SCRIPT_SECTIONS = ("train_tokenizer", "create_config", "run_mlm_flax", "run_t5_mlm_flax", "run_clm_flax")
+SCRIPT_SECTIONS = ("train_tokenizer", "create_config", "run_mlm_flax", "run_t5_mlm_flax", "run_clm_flax",
+                   "generate")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -37,14 +37,17 @@ _CACHE_VERSION = 1  # bump when the row-making code changes meaning, to invalida
 # raw text
 
 
-def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42) -> dict:
-    """{"train": ds, "validation": ds} from --train_file/--validation_file or --dataset_name.
+def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, keep_linebreaks: bool = False,
+                  include_test: bool = False) -> dict:
+    """{"train": ds, "validation": ds} from --train_file/--validation_file or --dataset_name; with
+    include_test also "test" from --test_file or the dataset's test split.
 
     Each split is a `datasets.Dataset` (IterableDataset with src.streaming) with one column "text";
     blank texts are dropped. Without a validation set, validation_split_percentage % of train is held
     out: a seeded random choice of examples (each split keeps the original order), or with streaming
     every k-th example, k = round(100 / percentage) (no seed: the stream's size is unknown).
-    A percentage of 0 means no validation split.
+    A percentage of 0 means no validation split. keep_linebreaks: each line of a .txt file keeps its
+    line break (the causal-LM script's default, so that concatenated lines are the original text).
     """
     if src.dataset_name and src.train_file:
         raise UserError("pass either --dataset_name or --train_file, not both")
@@ -60,9 +63,12 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42) -> 
         splits = _load_hub(src)
     else:
         where = f"--train_file {', '.join(src.train_file)}"
-        splits = {"train": _load_files(src.train_file, "--train_file", src)}
+        splits = {"train": _load_files(src.train_file, "--train_file", src, keep_linebreaks)}
     if src.validation_file:
-        splits["validation"] = _load_files(src.validation_file, "--validation_file", src)
+        splits["validation"] = _load_files(src.validation_file, "--validation_file", src, keep_linebreaks)
+    test_file = getattr(src, "test_file", None)
+    if include_test and test_file:
+        splits["test"] = _load_files(test_file, "--test_file", src, keep_linebreaks)
 
     raw = {"train": _text_only(splits["train"], src, where)}
     if "validation" in splits:
@@ -71,6 +77,10 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42) -> 
         raw["validation"] = _text_only(splits["validation"], src, val_where)
     elif validation_split_percentage > 0:
         raw["train"], raw["validation"] = _hold_out(raw["train"], validation_split_percentage, seed, where)
+    if include_test:
+        if "test" not in splits:
+            raise UserError(f"--do_predict evaluates test text but {where} has none; pass --test_file FILE")
+        raw["test"] = _text_only(splits["test"], src, f"--test_file {', '.join(test_file)}" if test_file else where)
     return raw
 
 
@@ -102,7 +112,7 @@ def _extension(path):
     return os.path.splitext(name)[1]
 
 
-def _load_files(files, flag, src):
+def _load_files(files, flag, src, keep_linebreaks=False):
     files = _file_list(files, flag)
     for f in files:
         if not os.path.exists(f):
@@ -118,6 +128,8 @@ def _load_files(files, flag, src):
     if len(exts) > 1:
         raise UserError(f"{flag} mixes file types ({', '.join(exts)}); pass files of one type per split")
     builder, options = BUILDERS[exts[0]]
+    if builder == "text" and keep_linebreaks:
+        options = {**options, "keep_linebreaks": True}
     try:
         return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=src.cache_dir,
                                      streaming=src.streaming, **options)
@@ -136,7 +148,7 @@ def _load_hub(src):
     if "train" not in splits:
         raise UserError(f"dataset {src.dataset_name} has no 'train' split (it has {', '.join(splits)}); "
                         f"pass --train_file instead")
-    return {k: splits[k] for k in ("train", "validation") if k in splits}
+    return {k: splits[k] for k in ("train", "validation", "test") if k in splits}
 
 
 def _first_line(e):
@@ -210,8 +222,9 @@ def _hold_out(ds, percentage, seed, where):
 # token rows
 
 
-def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_line=False, num_workers=None,
-                       overwrite_cache=False, max_train_samples=None, max_eval_samples=None) -> dict:
+def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_line=False, document_eos=None,
+                       num_workers=None, overwrite_cache=False, max_train_samples=None,
+                       max_eval_samples=None) -> dict:
     """{split: rows}: every row exactly max_seq_length int32 token ids.
 
     Grouped (default): texts tokenized with special tokens, concatenated per batch of 1000 texts,
@@ -221,19 +234,24 @@ def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_lin
     the text's fingerprint, the tokenizer and the settings; overwrite_cache redoes it) and in numpy
     format: ds[idx]["input_ids"] is int32 [len(idx), L]. IterableDatasets give StreamingRows.
     max_*_samples keep the first rows.
+
+    document_eos (the causal-LM mode): a text that does not end in a line break is a whole document,
+    tokenized with the tokenizer's special tokens and ending in the id document_eos; lines that keep
+    their line breaks (--keep_linebreaks) run on as one text, as in the file, without special tokens.
     """
     if line_by_line and tokenizer.pad_token_id is None:
         raise UserError("the tokenizer has no pad token, which --line_by_line needs; add one or drop --line_by_line")
     make = functools.partial(_make_rows, tokenizer=tokenizer, max_seq_length=max_seq_length,
-                             line_by_line=line_by_line)
-    limits = {"train": max_train_samples, "validation": max_eval_samples}
+                             line_by_line=line_by_line, document_eos=document_eos)
+    limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
     out = {}
     for split, ds in raw.items():
         if isinstance(ds, datasets.IterableDataset):
             rows = StreamingRows(ds, make, max_seq_length, max_rows=limits.get(split))
             empty = next(iter(rows), None) is None
         else:
-            rows = _map_rows(ds, make, tokenizer, max_seq_length, line_by_line, num_workers, overwrite_cache)
+            rows = _map_rows(ds, make, tokenizer, max_seq_length, (line_by_line, document_eos), num_workers,
+                             overwrite_cache)
             if limits.get(split) is not None:
                 rows = rows.select(range(min(limits[split], len(rows))))
             empty = len(rows) == 0
@@ -258,12 +276,28 @@ def iter_rows(rows, skip: int = 0):
         yield from rows[start:start + GROUP_BATCH]["input_ids"]
 
 
-def _encode(tokenizer, texts, **kw):
-    return tokenizer(texts, add_special_tokens=True, return_attention_mask=False, return_token_type_ids=False,
-                     verbose=False, **kw)["input_ids"]
+def _encode(tokenizer, texts, add_special_tokens=True, **kw):
+    if not texts:
+        return []
+    return tokenizer(texts, add_special_tokens=add_special_tokens, return_attention_mask=False,
+                     return_token_type_ids=False, verbose=False, **kw)["input_ids"]
 
 
-def _make_rows(texts, tokenizer, max_seq_length, line_by_line):
+def _encode_documents(tokenizer, texts, eos):
+    """Token ids of each text: a line that keeps its line break runs on (no special tokens); any other text is
+    a whole document, framed as the tokenizer frames a text (GPT-2: nothing, OPT: </s> first, Llama: <s>
+    first, our BPE: <s> ... </s>; the way generate.py encodes a prompt) and ending in eos."""
+    runs_on = [t.endswith(("\n", "\r")) for t in texts]
+    lines = iter(_encode(tokenizer, [t for t, r in zip(texts, runs_on) if r], add_special_tokens=False))
+    docs = iter(_encode(tokenizer, [t for t, r in zip(texts, runs_on) if not r]))
+    out = []
+    for r in runs_on:
+        x = next(lines) if r else next(docs)
+        out.append(x if r or (x and x[-1] == eos) else x + [eos])
+    return out
+
+
+def _make_rows(texts, tokenizer, max_seq_length, line_by_line, document_eos=None):
     """int32 [n, L] rows from one batch of texts."""
     if line_by_line:
         lines = [line for t in texts for line in t.splitlines() if line.strip()]
@@ -273,7 +307,7 @@ def _make_rows(texts, tokenizer, max_seq_length, line_by_line):
         rows[np.arange(max_seq_length) < lengths[:, None]] = np.fromiter(itertools.chain.from_iterable(ids),
                                                                            np.int32, int(lengths.sum()))
         return rows
-    ids = _encode(tokenizer, texts)
+    ids = _encode(tokenizer, texts) if document_eos is None else _encode_documents(tokenizer, texts, document_eos)
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, sum(map(len, ids)))
     n = len(flat) // max_seq_length
     return flat[: n * max_seq_length].reshape(n, max_seq_length)
@@ -293,9 +327,10 @@ def _tokenizer_hash(tokenizer):
     return Hasher.hash(json.dumps(spec, sort_keys=True))
 
 
-def _map_rows(ds, make, tokenizer, max_seq_length, line_by_line, num_workers, overwrite_cache):
+def _map_rows(ds, make, tokenizer, max_seq_length, mode, num_workers, overwrite_cache):
+    line_by_line, document_eos = mode
     fingerprint = Hasher.hash([ds._fingerprint, _tokenizer_hash(tokenizer), max_seq_length, line_by_line,
-                               GROUP_BATCH, _CACHE_VERSION])
+                               document_eos, GROUP_BATCH, _CACHE_VERSION])
     features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"), length=max_seq_length)})
     mode = "one row per line" if line_by_line else "blocks"
     rows = ds.map(_rows_batch, fn_kwargs={"make": make}, batched=True, batch_size=GROUP_BATCH,

@@ -45,6 +45,27 @@ def encoder_decoder_train_flops(config, batch, inputs_length, targets_length):
     return 3 * batch * forward
 
 
+def decoder_lm_train_flops(config, params, batch, seq_len):
+    """FLOPs of one train step of a decoder-only LM: every kernel of `params` (the nested parameter dict)
+    once per token, the LM head (a tied one is the token embedding table) and causal attention counted in
+    full, as computed (scores + weighted sum over seq_len keys)."""
+    import numpy as np
+    kernels, head = 0, 0
+    for path, x in jax.tree_util.tree_leaves_with_path(params):
+        name = str(getattr(path[-1], "key", path[-1]))
+        if name == "kernel":
+            kernels += int(np.prod(x.shape))
+        elif name == "embedding" and x.shape[0] == config.vocab_size and not any(
+                "lm_head" in str(getattr(p, "key", p)) for p in path):
+            head = max(head, int(np.prod(x.shape)))  # the token embeddings
+    if not getattr(config, "tie_word_embeddings", True):
+        head = 0  # the untied head is a kernel, counted above
+    heads = config.num_attention_heads
+    inner = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    attention = config.num_hidden_layers * 2 * 2 * seq_len * inner
+    return 3 * batch * seq_len * (2 * (kernels + head) + attention)
+
+
 def device_peak_flops(dtype="float32", override=None):
     """(peak FLOP/s of one device, where the figure comes from)."""
     if override:

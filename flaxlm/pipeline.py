@@ -10,7 +10,8 @@ MATERIALIZE_BYTES = 2 << 30  # token rows up to this size are held in memory as 
 STREAM_EVAL_ROWS = 10_000  # validation rows taken from a stream when --max_eval_samples is not set
 
 
-SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "run_t5_mlm_flax.py"}
+SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "run_t5_mlm_flax.py",
+              "gpt2": "run_clm_flax.py", "opt": "run_clm_flax.py", "llama": "run_clm_flax.py"}
 
 
 def load_model(model_args, seed, model_types, script):
@@ -60,9 +61,9 @@ def training_rows(data, streaming, args, global_batch):
 
 
 def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-             eval_batch):
+             eval_batch, test_rows=None):
     """The optimizer (weight decay off for biases and norms), the run log and the training loop over
-    `objective` (honouring --do_train / --do_eval); returns the final params."""
+    `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params."""
     from flaxlm.models import decay_mask
     from flaxlm.optim import make_optimizer
     from flaxlm.run_log import RunLog
@@ -73,7 +74,8 @@ def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_s
         return train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
                      train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
                      total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
-                     eval_batch=eval_batch, log=log, dtype=model_args.dtype)
+                     eval_batch=eval_batch, log=log, dtype=model_args.dtype,
+                     test_rows=test_rows if args.do_predict else None)
     finally:
         log.close()
 
@@ -111,14 +113,22 @@ def train_and_eval_rows(data, streaming):
                 if not got and not first:
                     raise UserError("the training stream yields no rows; check --train_file / --dataset_name")
                 first = False
-        evals = data.get("validation")
-        eval_rows = None if evals is None else np.stack(list(itertools.islice(iter_rows(evals), STREAM_EVAL_ROWS)))
-        return open_stream, eval_rows
+        return open_stream, held_out_rows(data, "validation", streaming)
     train = data["train"]
     if len(train) * len(train[0]["input_ids"]) * 4 <= MATERIALIZE_BYTES:
         train = as_numpy_rows(train)
-    evals = data.get("validation")
-    return train, None if evals is None else as_numpy_rows(evals)
+    return train, held_out_rows(data, "validation", streaming)
+
+
+def held_out_rows(data, split, streaming):
+    """The rows of the validation or test split as one numpy array (a stream's first STREAM_EVAL_ROWS), or None."""
+    from flaxlm.data import as_numpy_rows, iter_rows
+    rows = data.get(split)
+    if rows is None:
+        return None
+    if streaming:
+        return np.stack(list(itertools.islice(iter_rows(rows), STREAM_EVAL_ROWS)))
+    return as_numpy_rows(rows)
 
 
 def total_train_steps(args, train_rows, streaming):

@@ -34,6 +34,34 @@ def _t5_shape(d_model, d_ff, layers, heads):
     return dict(d_model=d_model, d_ff=d_ff, num_layers=layers, num_decoder_layers=layers, num_heads=heads)
 
 
+# Decoder-only (causal LM) families. GPT-2 (openai-community/gpt2*): learned positions, tied head.
+# OPT (facebook/opt-*): opt-350m is post-LayerNorm with a 512-wide embedding projected to 1024.
+# Llama-style: RoPE, RMSNorm, SwiGLU, grouped-query attention; llama-100m is our own ~100M shape.
+_GPT2 = dict(model_type="gpt2", vocab_size=50257, n_positions=1024, activation_function="gelu_new",
+             resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, layer_norm_epsilon=1e-5, initializer_range=0.02,
+             bos_token_id=50256, eos_token_id=50256)
+_OPT = dict(model_type="opt", vocab_size=50272, max_position_embeddings=2048, do_layer_norm_before=True,
+            activation_function="relu", dropout=0.1, attention_dropout=0.0, init_std=0.02, enable_bias=True,
+            layer_norm_elementwise_affine=True, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+_LLAMA = dict(model_type="llama", vocab_size=32000, max_position_embeddings=2048, hidden_act="silu",
+              rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.02, attention_bias=False,
+              tie_word_embeddings=False, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+
+
+def _gpt2_shape(width, layers, heads):
+    return dict(n_embd=width, n_layer=layers, n_head=heads)
+
+
+def _opt_shape(width, layers, heads, ffn, proj=None, pre_ln=True):
+    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
+                word_embed_proj_dim=proj or width, do_layer_norm_before=pre_ln)
+
+
+def _llama_shape(width, layers, heads, kv_heads, intermediate):
+    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, intermediate_size=intermediate)
+
+
 def _shape(hidden, layers, heads, intermediate):
     return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                 intermediate_size=intermediate)
@@ -57,6 +85,18 @@ PRESETS = {
     "t5-v1_1-mini": {**_T5_V1_1, **_t5_shape(128, 384, 3, 4), "d_kv": 32, "vocab_size": 8192},
     "t5-v1_1-tiny": {**_T5_V1_1, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
     "t5-tiny": {**_T5_ORIGINAL, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
+    "gpt2": {**_GPT2, **_gpt2_shape(768, 12, 12)},
+    "gpt2-medium": {**_GPT2, **_gpt2_shape(1024, 24, 16)},
+    "opt-125m": {**_OPT, **_opt_shape(768, 12, 12, 3072)},
+    "opt-350m": {**_OPT, **_opt_shape(1024, 24, 16, 4096, proj=512, pre_ln=False)},
+    "llama-100m": {**_LLAMA, **_llama_shape(768, 12, 12, 4, 2048), "tie_word_embeddings": True},
+    # small decoders for tests and the CPU demo
+    "gpt2-small": {**_GPT2, **_gpt2_shape(128, 4, 4), "vocab_size": 8192, "n_positions": 256},
+    "gpt2-tiny": {**_GPT2, **_gpt2_shape(64, 2, 2), "vocab_size": 1024, "n_positions": 256},
+    "opt-tiny": {**_OPT, **_opt_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 256},
+    "opt-350m-tiny": {**_OPT, **_opt_shape(64, 2, 2, 256, proj=32, pre_ln=False), "vocab_size": 1024,
+                      "max_position_embeddings": 256},
+    "llama-tiny": {**_LLAMA, **_llama_shape(64, 2, 4, 2, 176), "vocab_size": 1024, "max_position_embeddings": 256},
 }
 
 # Special tokens looked up by text when the tokenizer does not name them (e.g. a bare tokenizer.json).

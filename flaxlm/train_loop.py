@@ -69,6 +69,18 @@ def make_train_step(loss_sums, tx, accum_steps):
     return step
 
 
+def cpu_chunks(rows_per_device, tokens_per_row, chunk_tokens, platform=None):
+    """How many pieces each device's micro-batch is cut into for the forward/backward pass: on CPU, pieces of
+    at least chunk_tokens tokens (their activations and logits stay in cache: ~20% faster steps at 4096
+    tokens); elsewhere 1. The gradient is the same sum either way."""
+    platform = platform or jax.devices()[0].platform
+    if platform != "cpu" or not chunk_tokens:
+        return 1
+    return max(k for k in range(1, rows_per_device + 1)
+               if rows_per_device % k == 0 and rows_per_device // k * tokens_per_row >= min(
+                   chunk_tokens, rows_per_device * tokens_per_row))
+
+
 def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
     """Exact metrics over every validation row (padding rows count for nothing)."""
     local = meshlib.local_rows(global_batch)
@@ -92,10 +104,12 @@ def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
 
 
 def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh, total_steps,
-          micro_batch, eval_batch, log, dtype="float32"):
-    """Run the loop to total_steps; returns the final params (replicated jax arrays)."""
-    accum = args.gradient_accumulation_steps
-    global_batch = micro_batch * accum
+          micro_batch, eval_batch, log, dtype="float32", test_rows=None):
+    """Run the loop to total_steps, then evaluate test_rows if given; returns the final params (replicated)."""
+    global_batch = micro_batch * args.gradient_accumulation_steps
+    chunks = cpu_chunks(micro_batch // mesh.size, objective.tokens_per_example, args.cpu_chunk_tokens)
+    micro_batch //= chunks  # the step accumulates accum pieces of micro_batch rows (split over the devices)
+    accum = args.gradient_accumulation_steps * chunks
     local = _accum_slice(meshlib.local_rows(micro_batch), micro_batch, accum)  # this process's rows
     batch_sharding = meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0)
     repl = meshlib.replicated(mesh)
@@ -123,7 +137,8 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     peak, peak_source = device_peak_flops(dtype, args.peak_flops)
     peak_total = None if peak is None else peak * (1 if jax.devices()[0].platform == "cpu" else mesh.size)
     _say(f"{total_steps} steps, global batch {global_batch} ({mesh.size} devices x "
-         f"{micro_batch // mesh.size} x {accum} accumulation), MFU against "
+         f"{micro_batch * chunks // mesh.size} x {args.gradient_accumulation_steps} accumulation"
+         f"{f', each device computing {chunks} chunks in turn' if chunks > 1 else ''}), MFU against "
          f"{'unknown peak' if peak_total is None else f'{peak_total:.3g} FLOP/s'} ({peak_source})")
 
     tokens_per_step = global_batch * objective.tokens_per_example
@@ -139,10 +154,10 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                 "num_train_rows": _num_rows(train_rows), "rows_consumed": step * global_batch}
         checkpointer.save(step, state, meta)
 
-    def run_eval(done):
-        result = evaluate(eval_step, state["params"], objective, eval_rows, eval_batch, mesh, seed)
-        log.write(done, "eval", result)
-        _say(f"step {done}: eval loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}, "
+    def run_eval(done, split="eval", rows=eval_rows):
+        result = evaluate(eval_step, state["params"], objective, rows, eval_batch, mesh, seed)
+        log.write(done, split, result)
+        _say(f"step {done}: {split} loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}, "
              f"perplexity {result['perplexity']:.2f}")
 
     try:
@@ -186,6 +201,8 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     bar.close()
     if start >= total_steps and args.do_eval and eval_rows is not None:  # nothing to train: evaluate only
         run_eval(start)
+    if test_rows is not None:
+        run_eval(max(start, total_steps), "test", test_rows)
     return state["params"]
 
 

@@ -46,13 +46,16 @@ HF_SHAPES.update({  # google/t5-v1_1-* and google-t5/t5-* config.json
     "t5-base": dict(_T5_HUB, d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12,
                     feed_forward_proj="relu", tie_word_embeddings=True),
 })
-CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig, "t5": transformers.T5Config}
+CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig, "t5": transformers.T5Config,
+                "gpt2": transformers.GPT2Config, "opt": transformers.OPTConfig, "llama": transformers.LlamaConfig}
 
 
 def config_value(config, key):
     """config.key, except T5's tie_word_embeddings, which transformers 5 keeps in scale_decoder_outputs."""
     if key == "tie_word_embeddings" and config.model_type == "t5":
         return ties_embeddings(config)
+    if key == "rope_theta" and not hasattr(config, "rope_theta"):  # transformers 5 keeps it in rope_parameters
+        return config.rope_parameters["rope_theta"]
     return getattr(config, key)
 
 
@@ -98,6 +101,12 @@ def test_param_counts_match_known_sizes():
     assert count_params(build_config("t5-v1_1-small")) == 76_961_152
     assert count_params(build_config("t5-v1_1-base")) == 247_577_856
     assert count_params(build_config("t5-v1_1-large")) == 783_150_080
+    # transformers' num_parameters() of openai-community/gpt2, gpt2-medium, facebook/opt-125m, opt-350m
+    assert count_params(build_config("gpt2")) == 124_439_808
+    assert count_params(build_config("gpt2-medium")) == 354_823_168
+    assert count_params(build_config("opt-125m")) == 125_239_296
+    assert count_params(build_config("opt-350m")) == 331_196_416
+    assert 95e6 < count_params(build_config("llama-100m")) < 105e6
 
 
 def test_t5_special_ids_from_tokenizer(tmp_path):

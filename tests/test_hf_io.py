@@ -134,10 +134,56 @@ def test_missing_extra_and_misshapen_tensors():
         hf_io.from_hf_state_dict(roberta, tensors)
 
 
-def test_pickle_only_directory(tmp_path):
+def test_pickle_checkpoint_read_safely(tmp_path):
+    """pytorch_model.bin (and its sharded form) loads through torch.load(weights_only=True), equal to the
+    safetensors path; bf16 tensors come back float32."""
+    config = tiny_config()
+    hf = transformers.BertForMaskedLM(config).eval()
+    hf.save_pretrained(tmp_path / "safe")
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    (tmp_path / "bin").mkdir()
+    config.save_pretrained(tmp_path / "bin")
+    torch.save(state, tmp_path / "bin" / "pytorch_model.bin")
+    (tmp_path / "sharded").mkdir()
+    config.save_pretrained(tmp_path / "sharded")
+    names = sorted(state)
+    halves = {"a.bin": names[: len(names) // 2], "b.bin": names[len(names) // 2:]}
+    for file, keys in halves.items():
+        torch.save({k: state[k].to(torch.bfloat16) if "LayerNorm" in k else state[k] for k in keys},
+                   tmp_path / "sharded" / file)
+    (tmp_path / "sharded" / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"weight_map": {k: f for f, keys in halves.items() for k in keys}}))
+    _, safe = models.load_pretrained(tmp_path / "safe")
+    _, from_bin = models.load_pretrained(tmp_path / "bin")
+    _, sharded = models.load_pretrained(tmp_path / "sharded")
+    assert_same(models.split_model(safe)[1], models.split_model(from_bin)[1])
+    bf16 = models.split_model(sharded)[1]
+    np.testing.assert_allclose(bf16["layers"]["0"]["attn_norm"]["scale"],
+                               safe.layers[0].attn_norm.scale[...], rtol=1e-2)
+    assert bf16["layers"]["0"]["attn_norm"]["scale"].dtype == np.float32
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_pickle_that_runs_code_is_refused(tmp_path, monkeypatch):
+    import pickle
+    monkeypatch.chdir(tmp_path)
     tiny_config().save_pretrained(tmp_path)
-    (tmp_path / "pytorch_model.bin").write_bytes(b"not really a pickle")
-    with pytest.raises(UserError, match="only a pickle checkpoint.*safe_serialization=True"):
+    (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps({"x": _Exploit()}))
+    with pytest.raises(UserError, match=r"weights_only=True.*never arbitrary pickles.*safe_serialization=True"):
+        models.load_pretrained(tmp_path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_pickle_without_torch_says_how_to_convert(tmp_path, monkeypatch):
+    import sys
+    tiny_config().save_pretrained(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"whatever")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    with pytest.raises(UserError, match=r"torch is not installed.*pip install torch.*safe_serialization=True"):
         models.load_pretrained(tmp_path)
 
 

@@ -4,6 +4,7 @@
     graphdef, params = split_model(model)            # params: nested dict of float32 arrays, str keys
     logits = apply_model(graphdef, params, ids_BL, mask_BL, masked_positions_BP=pos_BP, dropout_key=key)  # BERT
     logits = apply_model(graphdef, params, ids_BL, mask_BL, decoder_ids_BT, dropout_key=key)  # T5
+    logits = apply_model(graphdef, params, ids_BL, mask_BL, positions_BL, dropout_key=key)  # causal LMs
 """
 import jax
 import jax.numpy as jnp
@@ -11,14 +12,18 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models import bert, t5
+from flaxlm.models import bert, gpt2, llama, opt, t5
 
 # config.model_type -> module class taking (config, *, dtype, rngs). Later families register here.
 MODELS = {
     "bert": bert.BertForMaskedLM,
     "roberta": bert.BertForMaskedLM,
     "t5": t5.T5ForConditionalGeneration,
+    "gpt2": gpt2.GPT2LMHeadModel,
+    "opt": opt.OPTForCausalLM,
+    "llama": llama.LlamaForCausalLM,
 }
+CAUSAL_LM_TYPES = ("gpt2", "opt", "llama")  # decoder-only families: run_clm_flax.py and generation
 
 
 def create_model(config, dtype="float32", seed=0):
@@ -77,6 +82,6 @@ def abstract_model(config, dtype="float32"):
 from flaxlm.models.hf_io import (  # noqa: E402  (hf_io uses the functions above)
     from_hf_state_dict, load_config, load_pretrained, save_pretrained, to_hf_state_dict)
 
-__all__ = ["MODELS", "create_model", "split_model", "merge_model", "apply_model", "decay_mask", "count_params",
+__all__ = ["MODELS", "CAUSAL_LM_TYPES", "create_model", "split_model", "merge_model", "apply_model", "decay_mask", "count_params",
            "abstract_model", "load_config", "load_pretrained", "save_pretrained", "to_hf_state_dict",
            "from_hf_state_dict"]

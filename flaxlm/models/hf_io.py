@@ -19,12 +19,12 @@ import numpy as np
 from flaxlm import models
 from flaxlm.errors import UserError
 from flaxlm.models.t5 import ties_embeddings
+from flaxlm.models.torch_weights import has_pickle_checkpoint, read_pickle_checkpoint
 
 logger = logging.getLogger(__name__)
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -177,6 +177,133 @@ def _t5_normalize(config, tensors, notes):
     return out
 
 
+def gpt2_names(config):
+    """Tensor names of GPT2LMHeadModel -> our paths (flaxlm.models.gpt2). Conv1D weights are [in, out] already."""
+    names = [("transformer.wte.weight", ("embed", "embedding"), "copy"),
+             ("transformer.wpe.weight", ("position", "embedding"), "copy")]
+
+    def norm(hf, ours):
+        names.extend([(f"{hf}.weight", (*ours, "scale"), "copy"), (f"{hf}.bias", (*ours, "bias"), "copy")])
+
+    def conv1d(hf, ours):
+        names.extend([(f"{hf}.weight", (*ours, "kernel"), "copy"), (f"{hf}.bias", (*ours, "bias"), "copy")])
+
+    for i in range(config.n_layer):
+        hf, ours = f"transformer.h.{i}.", ("layers", str(i))
+        norm(f"{hf}ln_1", (*ours, "attn_norm"))
+        conv1d(f"{hf}attn.c_attn", (*ours, "attn", "qkv"))
+        conv1d(f"{hf}attn.c_proj", (*ours, "attn", "out"))
+        norm(f"{hf}ln_2", (*ours, "mlp_norm"))
+        conv1d(f"{hf}mlp.c_fc", (*ours, "fc_in"))
+        conv1d(f"{hf}mlp.c_proj", (*ours, "fc_out"))
+    norm("transformer.ln_f", ("final_norm",))
+    if not getattr(config, "tie_word_embeddings", True):
+        names.append(("lm_head.weight", ("lm_head", "kernel"), "linear"))
+    return names
+
+
+def _drop_tied_head(config, out, head, embeddings):
+    """A tied config's head tensor, if saved, must equal the embeddings it is tied to; it is dropped."""
+    if getattr(config, "tie_word_embeddings", True) and head in out:
+        x = out.pop(head)
+        if embeddings in out and not _same(x, out[embeddings]):
+            raise UserError(f"tensor {head} differs from {embeddings} but config.json ties them; set "
+                            f"tie_word_embeddings to false in config.json for an untied LM head")
+    return out
+
+
+def _gpt2_normalize(config, tensors, notes):
+    """Accept a bare GPT2Model checkpoint (no 'transformer.' prefix, as the hub's gpt2 is saved), drop the
+    causal-mask buffers older transformers saved, and a tied lm_head.weight (checked equal to wte)."""
+    out = {}
+    for name, x in tensors.items():
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # buffers (the causal mask and its fill value), not weights; c_attn's bias ends .c_attn.bias
+        if name.split(".")[0] in ("wte", "wpe", "h", "ln_f"):
+            name = "transformer." + name
+        out[name] = x
+    return _drop_tied_head(config, out, "lm_head.weight", "transformer.wte.weight")
+
+
+def opt_names(config):
+    """Tensor names of OPTForCausalLM -> our paths (flaxlm.models.opt). Optional: biases (enable_bias), norm
+    tensors (layer_norm_elementwise_affine), project_in/out (word_embed_proj_dim), the final norm, lm_head."""
+    p = "model.decoder."
+    names = [(f"{p}embed_tokens.weight", ("embed", "embedding"), "copy"),
+             (f"{p}embed_positions.weight", ("position", "embedding"), "copy")]
+
+    def norm(hf, ours):
+        if config.layer_norm_elementwise_affine:
+            names.extend([(f"{hf}.weight", (*ours, "scale"), "copy"), (f"{hf}.bias", (*ours, "bias"), "copy")])
+
+    def linear(hf, ours, bias=config.enable_bias):
+        names.append((f"{hf}.weight", (*ours, "kernel"), "linear"))
+        if bias:
+            names.append((f"{hf}.bias", (*ours, "bias"), "copy"))
+
+    if config.word_embed_proj_dim != config.hidden_size:
+        linear(f"{p}project_in", ("project_in",), bias=False)
+        linear(f"{p}project_out", ("project_out",), bias=False)
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"{p}layers.{i}.", ("layers", str(i))
+        for proj in ("q", "k", "v"):
+            linear(f"{hf}self_attn.{proj}_proj", (*ours, "attn", proj))
+        linear(f"{hf}self_attn.out_proj", (*ours, "attn", "out"))
+        norm(f"{hf}self_attn_layer_norm", (*ours, "attn_norm"))
+        linear(f"{hf}fc1", (*ours, "fc_in"))
+        linear(f"{hf}fc2", (*ours, "fc_out"))
+        norm(f"{hf}final_layer_norm", (*ours, "mlp_norm"))
+    if config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False):
+        norm(f"{p}final_layer_norm", ("final_norm",))
+    if not getattr(config, "tie_word_embeddings", True):
+        linear("lm_head", ("lm_head",), bias=False)
+    return names
+
+
+def _opt_normalize(config, tensors, notes):
+    """Accept a bare OPTModel checkpoint (names from 'decoder.', as some hub OPT files are saved) and drop a tied
+    lm_head.weight (checked equal to the token embeddings)."""
+    out = {("model." + name if name.startswith("decoder.") else name): x for name, x in tensors.items()}
+    return _drop_tied_head(config, out, "lm_head.weight", "model.decoder.embed_tokens.weight")
+
+
+def llama_names(config):
+    """Tensor names of LlamaForCausalLM -> our paths (flaxlm.models.llama). Biases only with attention_bias /
+    mlp_bias; lm_head.weight only when untied."""
+    names = [("model.embed_tokens.weight", ("embed", "embedding"), "copy")]
+
+    def linear(hf, ours, bias):
+        names.append((f"{hf}.weight", (*ours, "kernel"), "linear"))
+        if bias:
+            names.append((f"{hf}.bias", (*ours, "bias"), "copy"))
+
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"model.layers.{i}.", ("layers", str(i))
+        names.append((f"{hf}input_layernorm.weight", (*ours, "attn_norm", "scale"), "copy"))
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            linear(f"{hf}self_attn.{proj}", (*ours, "attn", proj), config.attention_bias)
+        names.append((f"{hf}post_attention_layernorm.weight", (*ours, "mlp_norm", "scale"), "copy"))
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            linear(f"{hf}mlp.{proj}", (*ours, "mlp", proj), getattr(config, "mlp_bias", False))
+    names.append(("model.norm.weight", ("final_norm", "scale"), "copy"))
+    if not getattr(config, "tie_word_embeddings", False):
+        linear("lm_head", ("lm_head",), False)
+    return names
+
+
+def _llama_normalize(config, tensors, notes):
+    """Accept a bare LlamaModel checkpoint (no 'model.' prefix), drop the rotary_emb.inv_freq buffers older
+    transformers saved, and a tied lm_head.weight (checked equal to the token embeddings)."""
+    out = {}
+    for name, x in tensors.items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue  # a buffer computed from config.json, not a weight
+        if name.split(".")[0] in ("embed_tokens", "layers", "norm"):
+            name = "model." + name
+        out[name] = x
+    return _drop_tied_head(config, out, "lm_head.weight", "model.embed_tokens.weight")
+
+
 class Family(NamedTuple):
     names: Callable  # names(config) -> [(hf_name, our_path, kind)]
     normalize: Callable  # normalize(config, tensors, notes) -> tensors in the names' convention
@@ -185,11 +312,18 @@ class Family(NamedTuple):
     tie_word_embeddings: Callable = lambda config: True  # the value written to config.json on export
 
 
+def _tie_word_embeddings(config):
+    return bool(getattr(config, "tie_word_embeddings", True))
+
+
 # config.model_type -> Family
 NAME_MAPS = {
     "bert": Family(bert_names, _bert_normalize, "BertForMaskedLM", fresh_head="mlm_head"),
     "roberta": Family(bert_names, _bert_normalize, "RobertaForMaskedLM", fresh_head="mlm_head"),
     "t5": Family(t5_names, _t5_normalize, "T5ForConditionalGeneration", tie_word_embeddings=ties_embeddings),
+    "gpt2": Family(gpt2_names, _gpt2_normalize, "GPT2LMHeadModel", tie_word_embeddings=_tie_word_embeddings),
+    "opt": Family(opt_names, _opt_normalize, "OPTForCausalLM", tie_word_embeddings=_tie_word_embeddings),
+    "llama": Family(llama_names, _llama_normalize, "LlamaForCausalLM", tie_word_embeddings=_tie_word_embeddings),
 }
 
 
@@ -363,7 +497,8 @@ def load_config(path):
 
 
 def read_safetensors(path):
-    """{name: numpy array} from model.safetensors or the shards listed in model.safetensors.index.json."""
+    """{name: numpy array} from model.safetensors or the shards listed in model.safetensors.index.json
+    (else from a pytorch_model.bin, read safely by torch when it is installed)."""
     from safetensors import safe_open
 
     index = os.path.join(path, SAFE_INDEX)
@@ -375,10 +510,8 @@ def read_safetensors(path):
             raise UserError(f"invalid {index} ({e}); re-save the model") from None
     elif os.path.isfile(os.path.join(path, SAFE_WEIGHTS)):
         files = [SAFE_WEIGHTS]
-    elif any(os.path.isfile(os.path.join(path, f)) for f in PICKLE_WEIGHTS):
-        raise UserError(f"{path} has only a pickle checkpoint (pytorch_model.bin), which is never unpickled here; "
-                        f"convert it: AutoModelForMaskedLM (T5: T5ForConditionalGeneration).from_pretrained(dir)"
-                        f".save_pretrained(dir, safe_serialization=True)")
+    elif has_pickle_checkpoint(path):
+        return read_pickle_checkpoint(path)  # through torch.load(weights_only=True) only
     else:
         raise UserError(f"no {SAFE_WEIGHTS} in {path}; pass a directory written by save_pretrained")
     tensors = {}

@@ -127,19 +127,31 @@ class LayerNorm(nnx.LayerNorm):
         return super().__call__(x.astype(jnp.float32)).astype(x.dtype)
 
 
-def attention(q_BTNH, k_BSNH, v_BSNH, mask_BS=None, *, dropout_rate=0.0, dropout_key=None):
-    """Softmax attention; mask_BS (bool, True = attend) hides padding keys.
+def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dropout_rate=0.0,
+              dropout_key=None):
+    """Softmax attention. mask (bool, True = attend): [B, S] hides padding keys, [B, T, S] is a full
+    per-query mask (the KV-cache path); causal: query t sees keys 0..t (T == S). K key/value heads may be
+    fewer than the N query heads (grouped-query attention, N a multiple of K). scale defaults to H**-0.5.
 
     Without dropout this is jax.nn.dot_product_attention; with a key and rate > 0 the probabilities are
     computed explicitly (float32) so they can be dropped out as Hugging Face does.
     """
-    mask_B11S = None if mask_BS is None else mask_BS[:, None, None, :].astype(bool)
+    (_, T, N, H), S = q_BTNH.shape, k_BSKH.shape[1]
+    if mask is not None:
+        mask = mask.astype(bool)
+        mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]  # [B, 1, T or 1, S]
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
     if dropout_key is None or dropout_rate == 0.0:
-        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask_B11S)
-    scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
-    logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32) * scale
-    if mask_B11S is not None:
-        logits_BNTS = jnp.where(mask_B11S, logits_BNTS, jnp.finfo(jnp.float32).min)
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask, is_causal=causal, scale=scale)
+    K = k_BSKH.shape[2]
+    if K != N:  # repeat each key/value head for its group of query heads
+        k_BSKH, v_BSKH = jnp.repeat(k_BSKH, N // K, axis=2), jnp.repeat(v_BSKH, N // K, axis=2)
+    logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSKH, preferred_element_type=jnp.float32) * scale
+    if causal:
+        causal_TS = jnp.arange(T)[:, None] >= jnp.arange(S)[None, :]
+        mask = causal_TS[None, None] if mask is None else mask & causal_TS[None, None]
+    if mask is not None:
+        logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
     probs_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)
-    probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_key).astype(v_BSNH.dtype)
-    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS, v_BSNH)
+    probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_key).astype(v_BSKH.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS, v_BSKH)

@@ -1,0 +1,54 @@
+"""The causal-LM objective: each token predicted from the ones before it, plus the block-size limits."""
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from flaxlm.errors import UserError
+from flaxlm.flops import decoder_lm_train_flops
+from flaxlm.models import apply_model
+from flaxlm.train_loop import Objective
+
+MAX_BLOCK_SIZE = 1024  # default block size when the tokenizer allows more (as Hugging Face's run_clm)
+
+
+def max_positions(config):
+    """Longest input the model's positions allow."""
+    return getattr(config, "n_positions", None) or config.max_position_embeddings
+
+
+def resolve_block_size(block_size, max_seq_length, tokenizer, config):
+    """--block_size (or its alias --max_seq_length); at most the model's positions."""
+    if block_size and max_seq_length and block_size != max_seq_length:
+        raise UserError(f"--block_size {block_size} and --max_seq_length {max_seq_length} disagree; pass one")
+    requested = block_size or max_seq_length
+    limit = max_positions(config)
+    if requested is None:
+        return min(tokenizer.model_max_length, limit, MAX_BLOCK_SIZE)
+    if requested > limit:
+        raise UserError(f"--block_size {requested} is larger than the model's {limit} positions "
+                        f"(config.json); use at most {limit}")
+    if requested < 2:
+        raise UserError(f"--block_size {requested} is too short; use at least 2")
+    return requested
+
+
+def collate_blocks(rows_BL, rng=None):
+    """A batch of packed token blocks: every next token is a target (evaluation zeroes padding rows)."""
+    B, L = rows_BL.shape
+    return {"input_ids": rows_BL, "label_weights": np.ones((B, L - 1), np.float32)}
+
+
+def clm_objective(graphdef, config, params, block_size, pad_id):
+    """Objective for run_clm_flax: logits at positions 0..L-2 against the tokens at 1..L-1."""
+    def loss_sums(params, batch, dropout_key):
+        ids_BL = batch["input_ids"]
+        logits_BLV = apply_model(graphdef, params, ids_BL, dropout_key=dropout_key)
+        logits_BTV, labels_BT, weights_BT = logits_BLV[:, :-1], ids_BL[:, 1:], batch["label_weights"]
+        xent_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, labels_BT)
+        correct_BT = jnp.take_along_axis(logits_BTV, labels_BT[..., None], axis=-1)[..., 0] >= logits_BTV.max(-1)
+        return {"loss_sum": (xent_BT * weights_BT).sum(), "accuracy_sum": (correct_BT * weights_BT).sum(),
+                "weight_sum": weights_BT.sum()}
+
+    return Objective(loss_sums=loss_sums, collate=collate_blocks, pad_id=pad_id, weights_key="label_weights",
+                     flops_per_example=decoder_lm_train_flops(config, params, 1, block_size),
+                     tokens_per_example=block_size)

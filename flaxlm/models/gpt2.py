@@ -1,0 +1,128 @@
+"""GPT-2: a pre-LayerNorm decoder with learned positions and the LM head tied to the token embeddings.
+
+Configured by a transformers GPT2Config; the parameters map 1:1 to GPT2LMHeadModel's (Hugging Face keeps
+them in Conv1D layout, [in, out], which is our kernel layout). The decoder-only interface every causal-LM
+family shares:
+
+    logits_BLV = model(ids_BL, mask_BL=None, positions_BL=None, dropout_key=key)   # causal, training / eval
+    cache = model.init_cache(batch, length)                                        # for generation
+    logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
+"""
+import math
+
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxlm.errors import UserError
+from flaxlm.models import kv_cache
+from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key, split_last
+
+
+def embed(n, d, std, rngs):
+    return nnx.Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32,
+                     embedding_init=nnx.initializers.normal(std), rngs=rngs)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config, layer_idx, dtype, rngs):
+        D, std = config.n_embd, config.initializer_range
+        self.qkv = dense(D, 3 * D, dtype, std, rngs)  # Hugging Face's c_attn: [q | k | v]
+        # Hugging Face scales the residual projections by 1/sqrt(2 * layers) at initialization
+        self.out = dense(D, D, dtype, std / math.sqrt(2 * config.n_layer), rngs)
+        self.num_heads = config.n_head
+        self.dropout_rate = config.attn_pdrop
+        self.scale = (D // config.n_head) ** -0.5 if config.scale_attn_weights else 1.0
+        if config.scale_attn_by_inverse_layer_idx:
+            self.scale /= layer_idx + 1
+
+    def __call__(self, x_BTD, mask_BL, key, kv=None, index=None, visible_BTS=None):
+        (B, T, D), N = x_BTD.shape, self.num_heads
+        q_MD, k_MD, v_MD = split_last(self.qkv(x_BTD.reshape(B * T, D)), (D, D, D))
+        q_BTNH, k_BTNH, v_BTNH = (t.reshape(B, T, N, D // N) for t in (q_MD, k_MD, v_MD))
+        if kv is None:
+            o_BTNH = attention(q_BTNH, k_BTNH, v_BTNH, mask_BL, causal=True, scale=self.scale,
+                               dropout_rate=self.dropout_rate, dropout_key=key)
+        else:
+            kv = kv_cache.write(*kv, k_BTNH, v_BTNH, index)
+            o_BTNH = attention(q_BTNH, *kv, visible_BTS, scale=self.scale)
+        return self.out(o_BTNH.reshape(B * T, D)), kv
+
+
+class Block(nnx.Module):
+    def __init__(self, config, layer_idx, dtype, rngs):
+        D, std = config.n_embd, config.initializer_range
+        F = config.n_inner or 4 * D
+        self.attn_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
+        self.attn = Attention(config, layer_idx, dtype, rngs)
+        self.mlp_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
+        self.fc_in = dense(D, F, dtype, std, rngs)
+        self.fc_out = dense(F, D, dtype, std / math.sqrt(2 * config.n_layer), rngs)
+        self.act = config.activation_function
+        self.dropout_rate = config.resid_pdrop
+
+    def __call__(self, x_BTD, mask_BL, key, kv=None, index=None, visible_BTS=None):
+        B, T, D = x_BTD.shape
+        a_MD, kv = self.attn(self.attn_norm(x_BTD), mask_BL, fold_key(key, 0), kv, index, visible_BTS)
+        x_MD = x_BTD.reshape(B * T, D) + dropout(a_MD, self.dropout_rate, fold_key(key, 1))
+        h_MD = self.fc_out(activation(self.act)(self.fc_in(self.mlp_norm(x_MD))))
+        return (x_MD + dropout(h_MD, self.dropout_rate, fold_key(key, 2))).reshape(B, T, D), kv
+
+
+class GPT2LMHeadModel(nnx.Module):
+    """GPT-2 with its LM head (tied to wte unless config.tie_word_embeddings is false)."""
+
+    def __init__(self, config, *, dtype="float32", rngs):
+        if config.n_embd % config.n_head:
+            raise UserError(f"n_embd {config.n_embd} is not a multiple of n_head {config.n_head}; fix config.json")
+        if getattr(config, "add_cross_attention", False):
+            raise UserError("GPT-2 with cross-attention (add_cross_attention) is not supported; set it to false")
+        activation(config.activation_function)
+        self.dtype = compute_dtype(dtype)
+        D, std = config.n_embd, config.initializer_range
+        self.embed = embed(config.vocab_size, D, std, rngs)
+        self.position = embed(config.n_positions, D, std, rngs)
+        self.layers = nnx.List([Block(config, i, self.dtype, rngs) for i in range(config.n_layer)])
+        self.final_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
+        self.tied = getattr(config, "tie_word_embeddings", True)
+        if not self.tied:
+            self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
+        self.dropout_rate = config.embd_pdrop
+        self.num_heads, self.head_dim = config.n_head, D // config.n_head
+        self.max_positions = config.n_positions
+
+    def init_cache(self, batch, length):
+        return kv_cache.init_cache(len(self.layers), batch, length, self.num_heads, self.head_dim, self.dtype)
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None):
+        if positions_BL is None:
+            positions_BL = kv_cache.default_positions(input_ids_BL, cache)
+        x_BLD = self.embed(input_ids_BL) + self.position(positions_BL)
+        x_BLD = dropout(x_BLD.astype(self.dtype), self.dropout_rate, fold_key(dropout_key, 0))
+        index = visible_BTS = None
+        if cache is not None:
+            mask_BL = jnp.ones(input_ids_BL.shape, bool) if attention_mask_BL is None else attention_mask_BL
+            cache, visible_BTS = kv_cache.start_step(cache, mask_BL)
+            index = cache["index"]
+        ks, vs = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache["k"][i], cache["v"][i])
+            x_BLD, kv = layer(x_BLD, attention_mask_BL, fold_key(dropout_key, i + 1), kv, index, visible_BTS)
+            if cache is not None:
+                ks.append(kv[0])
+                vs.append(kv[1])
+        logits_BLV = self.logits(self.final_norm(x_BLD))
+        if cache is None:
+            return logits_BLV
+        return logits_BLV, kv_cache.finish_step(cache, ks, vs, input_ids_BL.shape[1])
+
+    def logits(self, h_BLD):
+        """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
+        B, L, D = h_BLD.shape
+        h_MD = h_BLD.reshape(B * L, D).astype(self.dtype)
+        if self.tied:
+            w_VD = self.embed.embedding[...].astype(self.dtype)
+            logits_MV = jnp.einsum("md,vd->mv", h_MD, w_VD, preferred_element_type=jnp.float32)
+        else:
+            w_DV = self.lm_head.kernel[...].astype(self.dtype)
+            logits_MV = jnp.einsum("md,dv->mv", h_MD, w_DV, preferred_element_type=jnp.float32)
+        return logits_MV.reshape(B, L, -1)

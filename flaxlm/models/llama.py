@@ -1,0 +1,202 @@
+"""Llama: a pre-RMSNorm decoder with rotary positions (RoPE), a SwiGLU MLP and grouped-query attention.
+
+Configured by a transformers LlamaConfig; the parameters map 1:1 to LlamaForCausalLM's (torch Linear weights
+[out, in] are our kernels transposed). q/k/v and gate/up stay separate parameters, as Hugging Face's, and are
+concatenated at compute time into one matmul each. The decoder-only interface is gpt2.GPT2LMHeadModel's:
+
+    logits_BLV = model(ids_BL, mask_BL=None, positions_BL=None, dropout_key=key)   # causal, training / eval
+    cache = model.init_cache(batch, length)                                        # K heads of head_dim
+    logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
+
+Shape suffixes as in layers.py, plus K key/value heads, X concatenated projections, R = H / 2 rotary frequencies.
+"""
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flaxlm.errors import UserError
+from flaxlm.models import kv_cache
+from flaxlm.models.gpt2 import embed
+from flaxlm.models.layers import activation, attention, compute_dtype, dense, fold_key, split_last
+from flaxlm.models.t5 import RMSNorm  # T5LayerNorm == LlamaRMSNorm: float32 statistics, no mean, no bias
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_parameters(config):
+    """{"rope_type", "rope_theta", ...}: transformers 5 keeps them in config.rope_parameters (converting an old
+    config.json's top-level rope_theta / rope_scaling); a transformers 4 config object has the old attributes."""
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def inverse_frequencies(config, head_dim):
+    """RoPE's float32 inverse frequencies [head_dim / 2], as transformers' ROPE_INIT_FUNCTIONS compute them
+    (the power in float64, rounded: torch's float32 pow is within an ulp of that, numpy's float32 pow is not)."""
+    p = rope_parameters(config)
+    if p["rope_type"] not in ROPE_TYPES:
+        raise UserError(f"unsupported rope_type {p['rope_type']!r} in config.json's rope_parameters (rope_scaling); "
+                        f"supported: {', '.join(ROPE_TYPES)}")
+    if p.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UserError("partial_rotary_factor is not supported for Llama; remove it from config.json")
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = np.float32(1.0) / (float(p["rope_theta"]) ** exponent.astype(np.float64)).astype(np.float32)
+    if p["rope_type"] == "linear":
+        inv_freq = inv_freq / np.float32(p["factor"])
+    elif p["rope_type"] == "llama3":  # Llama 3.1: long wavelengths divided by factor, a smooth ramp between
+        factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+        old_len = p.get("original_max_position_embeddings") or config.max_position_embeddings
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return tuple(float(f) for f in np.asarray(inv_freq, np.float32))  # static: hashable, not a parameter
+
+
+def heads(config):
+    """(N query heads, K key/value heads, H head width): transformers 5 fills in head_dim and
+    num_key_value_heads; configs from older versions may leave them None."""
+    N = config.num_attention_heads
+    K = getattr(config, "num_key_value_heads", None) or N
+    return N, K, getattr(config, "head_dim", None) or config.hidden_size // N
+
+
+def rope(x_BTNH, positions_BT, inv_freq):
+    """x rotated by angle position * inv_freq in (first half, second half) pairs (Hugging Face's rotate_half),
+    computed in float32; returns x's dtype."""
+    angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    cos_BT1R, sin_BT1R = jnp.cos(angle_BTR)[:, :, None], jnp.sin(angle_BTR)[:, :, None]
+    x1_BTNR, x2_BTNR = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1_BTNR * cos_BT1R - x2_BTNR * sin_BT1R, x2_BTNR * cos_BT1R + x1_BTNR * sin_BT1R],
+                           axis=-1).astype(x_BTNH.dtype)
+
+
+def fused_dense(x_MD, *linears):
+    """The outputs of Linears sharing an input from one matmul over their concatenated kernels."""
+    dtype = linears[0].dtype
+    w_DX = jnp.concatenate([lin.kernel[...].astype(dtype) for lin in linears], axis=1)
+    y_MX = x_MD.astype(dtype) @ w_DX
+    if linears[0].bias is not None:
+        y_MX = y_MX + jnp.concatenate([lin.bias[...].astype(dtype) for lin in linears])
+    return split_last(y_MX, [lin.out_features for lin in linears])
+
+
+class Attention(nnx.Module):
+    def __init__(self, config, dtype, rngs):
+        (N, K, H), D = heads(config), config.hidden_size
+        bias, std = config.attention_bias, config.initializer_range
+        self.q_proj = dense(D, N * H, dtype, std, rngs, use_bias=bias)
+        self.k_proj = dense(D, K * H, dtype, std, rngs, use_bias=bias)
+        self.v_proj = dense(D, K * H, dtype, std, rngs, use_bias=bias)
+        self.o_proj = dense(N * H, D, dtype, std, rngs, use_bias=bias)
+        self.num_heads, self.kv_heads, self.head_dim = N, K, H
+        self.dropout_rate = config.attention_dropout
+
+    def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
+        (B, T, D), N, K, H = x_BTD.shape, self.num_heads, self.kv_heads, self.head_dim
+        q_MX, k_MX, v_MX = fused_dense(x_BTD.reshape(B * T, D), self.q_proj, self.k_proj, self.v_proj)
+        q_BTNH = rope(q_MX.reshape(B, T, N, H), positions_BT, inv_freq)
+        k_BTKH = rope(k_MX.reshape(B, T, K, H), positions_BT, inv_freq)
+        v_BTKH = v_MX.reshape(B, T, K, H)
+        if kv is None:
+            o_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
+                               dropout_key=key)
+        else:
+            kv = kv_cache.write(*kv, k_BTKH, v_BTKH, index)
+            o_BTNH = attention(q_BTNH, *kv, visible_BTS)
+        return self.o_proj(o_BTNH.reshape(B * T, N * H)), kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, config, dtype, rngs):
+        D, F, bias, std = config.hidden_size, config.intermediate_size, config.mlp_bias, config.initializer_range
+        self.gate_proj = dense(D, F, dtype, std, rngs, use_bias=bias)
+        self.up_proj = dense(D, F, dtype, std, rngs, use_bias=bias)
+        self.down_proj = dense(F, D, dtype, std, rngs, use_bias=bias)
+        self.act = config.hidden_act
+
+    def __call__(self, x_MD):
+        gate_MF, up_MF = fused_dense(x_MD, self.gate_proj, self.up_proj)
+        return self.down_proj(activation(self.act)(gate_MF) * up_MF)
+
+
+class Block(nnx.Module):
+    def __init__(self, config, dtype, rngs):
+        D, eps = config.hidden_size, config.rms_norm_eps
+        self.attn_norm = RMSNorm(D, eps)
+        self.attn = Attention(config, dtype, rngs)
+        self.mlp_norm = RMSNorm(D, eps)
+        self.mlp = MLP(config, dtype, rngs)
+
+    def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
+        B, T, D = x_BTD.shape
+        a_MD, kv = self.attn(self.attn_norm(x_BTD), positions_BT, inv_freq, mask_BL, key, kv, index, visible_BTS)
+        x_MD = x_BTD.reshape(B * T, D) + a_MD
+        return (x_MD + self.mlp(self.mlp_norm(x_MD))).reshape(B, T, D), kv
+
+
+class LlamaForCausalLM(nnx.Module):
+    """Llama with its LM head (untied unless config.tie_word_embeddings)."""
+
+    def __init__(self, config, *, dtype="float32", rngs):
+        N, K, H = heads(config)
+        if N % K:
+            raise UserError(f"num_attention_heads {N} is not a multiple of num_key_value_heads {K}; fix config.json")
+        if H % 2:
+            raise UserError(f"head_dim {H} is odd; rotary position embeddings need an even head_dim")
+        activation(config.hidden_act)
+        self.inv_freq = inverse_frequencies(config, H)
+        self.dtype = compute_dtype(dtype)
+        D, std = config.hidden_size, config.initializer_range
+        self.embed = embed(config.vocab_size, D, std, rngs)
+        self.layers = nnx.List([Block(config, self.dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.final_norm = RMSNorm(D, config.rms_norm_eps)
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tied:
+            self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
+        self.kv_heads, self.head_dim = K, H
+        self.max_positions = config.max_position_embeddings
+
+    def init_cache(self, batch, length):
+        return kv_cache.init_cache(len(self.layers), batch, length, self.kv_heads, self.head_dim, self.dtype)
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None):
+        if positions_BL is None:
+            positions_BL = kv_cache.default_positions(input_ids_BL, cache)
+        x_BLD = self.embed(input_ids_BL).astype(self.dtype)
+        index = visible_BTS = None
+        if cache is not None:
+            mask_BL = jnp.ones(input_ids_BL.shape, bool) if attention_mask_BL is None else attention_mask_BL
+            cache, visible_BTS = kv_cache.start_step(cache, mask_BL)
+            index = cache["index"]
+        ks, vs = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache["k"][i], cache["v"][i])
+            x_BLD, kv = layer(x_BLD, positions_BL, self.inv_freq, attention_mask_BL, fold_key(dropout_key, i),
+                              kv, index, visible_BTS)
+            if cache is not None:
+                ks.append(kv[0])
+                vs.append(kv[1])
+        logits_BLV = self.logits(self.final_norm(x_BLD))
+        if cache is None:
+            return logits_BLV
+        return logits_BLV, kv_cache.finish_step(cache, ks, vs, input_ids_BL.shape[1])
+
+    def logits(self, h_BLD):
+        """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
+        B, L, D = h_BLD.shape
+        h_MD = h_BLD.reshape(B * L, D).astype(self.dtype)
+        if self.tied:
+            w_VD = self.embed.embedding[...].astype(self.dtype)
+            logits_MV = jnp.einsum("md,vd->mv", h_MD, w_VD, preferred_element_type=jnp.float32)
+        else:
+            w_DV = self.lm_head.kernel[...].astype(self.dtype)
+            logits_MV = jnp.einsum("md,dv->mv", h_MD, w_DV, preferred_element_type=jnp.float32)
+        return logits_MV.reshape(B, L, -1)

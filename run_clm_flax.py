@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""Causal language-model pretraining and fine-tuning in JAX/Flax; the successor of Hugging Face's run_clm_flax.py.
+
+Pipeline: options -> output directory -> tokenizer and decoder-only model (GPT-2, OPT or Llama-style; new
+from --config_name, or a Hugging Face checkpoint from --model_name_or_path to fine-tune) -> text ->
+documents joined with an end-of-text token and cut into blocks of --block_size -> training over all
+devices (each token predicted from those before it) with evaluation and checkpoints -> export in
+Hugging Face format to --output_dir.
+
+    python run_clm_flax.py --output_dir runs/gpt2 --config_name MODEL_DIR --tokenizer_name MODEL_DIR \
+        --train_file train.txt --validation_file valid.txt --block_size 512
+    python run_clm_flax.py --output_dir runs/opt --model_name_or_path opt-350m/ --dataset_name wikitext \
+        --dataset_config_name wikitext-103-raw-v1 --block_size 512 --learning_rate 5e-5
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.args import CausalLMArgs, DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
+
+
+def main(argv=None):
+    model_args, source, data_args, clm_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, TrainingArgs, argv=argv, prog="run_clm_flax.py",
+        description=__doc__)
+    if data_args.line_by_line:
+        raise UserError("--line_by_line does not apply to causal-LM training (text is packed into blocks); drop it")
+    from flaxlm import mesh as meshlib
+    from flaxlm.clm import clm_objective, resolve_block_size
+    from flaxlm.data import load_raw_text, tokenize_and_group
+    from flaxlm.models import CAUSAL_LM_TYPES, split_model
+    from flaxlm.output_dir import check_hub_access, prepare_output_dir
+    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, training_rows
+    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+
+    meshlib.maybe_initialize_distributed()
+    prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
+    if args.push_to_hub:
+        check_hub_access(args.hub_token or model_args.token)
+
+    # Tokenizer and model.
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token)
+    config, model = load_model(model_args, seed=args.seed, model_types=CAUSAL_LM_TYPES, script="run_clm_flax.py")
+    check_fits(tokenizer, config)
+    if tokenizer.eos_token_id is None:
+        raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "
+                        "with one (train_tokenizer.py gives </s>)")
+    block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
+    graphdef, params = split_model(model)
+
+    # Devices and batch sizes.
+    mesh = meshlib.make_mesh()
+    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+
+    # Text -> documents, each followed by EOS, packed into blocks of block_size -> the blocks of each step.
+    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed,
+                        keep_linebreaks=clm_args.keep_linebreaks, include_test=args.do_predict)
+    data = tokenize_and_group(raw, tokenizer, block_size, document_eos=tokenizer.eos_token_id,
+                              num_workers=data_args.preprocessing_num_workers,
+                              overwrite_cache=data_args.overwrite_cache,
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
+    train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
+    test_rows = held_out_rows(data, "test", source.streaming)
+
+    # Train: every token predicted from the ones before it.
+    objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id)
+    params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
+                      eval_batch, test_rows)
+
+    # Export in Hugging Face format.
+    export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM")
+
+
+if __name__ == "__main__":
+    run_main(main)

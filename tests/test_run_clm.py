@@ -1,0 +1,244 @@
+"""run_clm_flax.py end to end: pretraining a tiny GPT-2 from our own tokenizer and config, fine-tuning tiny
+Hugging Face checkpoints that transformers wrote (GPT-2, OPT both layer-norm placements, Llama-style) and
+reloading the export in transformers, documents and line breaks in the data, exact eval, devices, resume,
+and the bad input the causal-LM pipeline can meet."""
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import create_config
+import run_clm_flax
+import run_mlm_flax
+import train_tokenizer
+from run_helpers import assert_resume_matches, read_metrics
+from flaxlm import mesh as meshlib
+from flaxlm.args import TrainingArgs
+from flaxlm.batches import ShuffledRows
+from flaxlm.clm import clm_objective
+from flaxlm.data import load_raw_text, tokenize_and_group
+from flaxlm.errors import UserError
+from flaxlm.models import MODELS, apply_model, create_model, decay_mask, split_model
+from flaxlm.models.hf_io import load_config, load_pretrained
+from flaxlm.optim import make_optimizer
+from flaxlm.run_log import RunLog
+from flaxlm.train_loop import evaluate, train
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, corpus):
+    d = str(tmp_path_factory.mktemp("clmtok"))
+    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "300",
+                          "--model_max_length", "64", "--output_dir", d])
+    return d
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer_dir):
+    """Our BPE tokenizer and a tiny GPT-2 config, written by our own scripts."""
+    d = str(tmp_path_factory.mktemp("gpt2model"))
+    shutil.copytree(tokenizer_dir, d, dirs_exist_ok=True)
+    create_config.main(["--preset", "gpt2-tiny", "--output_dir", d])
+    return d
+
+
+def run_args(model_dir, corpus, out, *extra, model_flag="--config_name"):
+    return ["--output_dir", str(out), model_flag, model_dir, "--tokenizer_name", model_dir,
+            "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--block_size", "32",
+            "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "3e-3",
+            "--warmup_steps", "2", "--logging_steps", "1", *extra]
+
+
+def hf_loss(hf, ids):
+    with torch.no_grad():
+        return float(hf(torch.tensor(ids, dtype=torch.long), labels=torch.tensor(ids, dtype=torch.long)).loss)
+
+
+def our_loss(model_path, ids):
+    config, model = load_pretrained(model_path)
+    graphdef, params = split_model(model)
+    objective = clm_objective(graphdef, config, params, ids.shape[1], pad_id=0)
+    sums = objective.loss_sums(params, objective.collate(ids), None)
+    return float(sums["loss_sum"] / sums["weight_sum"])
+
+
+def test_pretrain_export_loads_in_transformers_with_our_loss(model_dir, corpus, tmp_path):
+    out = tmp_path / "run"
+    run_clm_flax.main(run_args(model_dir, corpus, out, "--max_steps", "6", "--eval_steps", "3", "--save_steps", "3",
+                               "--save_total_limit", "1", "--eval_at_start", "--do_predict",
+                               "--test_file", corpus["validation"]))
+    train_rows, eval_rows = read_metrics(out), read_metrics(out, "eval")
+    (test,) = read_metrics(out, "test")  # --do_predict: the test split once, after training (same text here)
+    assert test["step"] == 6 and test["loss"] == pytest.approx(eval_rows[-1]["loss"], rel=1e-6)
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6] and [r["step"] for r in eval_rows] == [0, 3, 6]
+    assert all(np.isfinite(r["loss"]) and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in train_rows[1:])
+    assert eval_rows[-1]["loss"] < eval_rows[0]["loss"]
+    assert eval_rows[-1]["perplexity"] == pytest.approx(np.exp(eval_rows[-1]["loss"]), rel=1e-5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = np.asarray(tok(open(corpus["validation"]).read()[:3000])["input_ids"][:64], np.int64).reshape(2, 32)
+    assert our_loss(str(out), ids) == pytest.approx(hf_loss(hf, ids), abs=1e-4)
+
+
+def hf_checkpoint(family, vocab_size, seed=0):
+    """A tiny transformers model of the family with random weights (noise on every tensor)."""
+    if family not in MODELS:
+        pytest.skip(f"{family} is not a flaxlm model family yet")
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        cls = transformers.GPT2LMHeadModel
+    elif family.startswith("opt"):
+        post_ln = family == "opt-350m-shaped"
+        config = transformers.OPTConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, ffn_dim=48,
+                                        num_attention_heads=4, max_position_embeddings=64,
+                                        do_layer_norm_before=not post_ln, word_embed_proj_dim=16 if post_ln else 32,
+                                        pad_token_id=1, bos_token_id=0, eos_token_id=2)
+        cls = transformers.OPTForCausalLM
+    else:
+        config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                                          max_position_embeddings=64, tie_word_embeddings=False)
+        cls = transformers.LlamaForCausalLM
+    torch.manual_seed(seed)
+    hf = cls(config)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return hf.eval()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "opt-350m-shaped", "llama"])
+def test_fine_tune_a_hugging_face_checkpoint(family, tokenizer_dir, corpus, tmp_path):
+    """transformers writes a checkpoint; run_clm_flax fine-tunes it and exports; transformers reloads the export
+    and computes our logits."""
+    start = tmp_path / "start"
+    shutil.copytree(tokenizer_dir, start)
+    hf = hf_checkpoint(family, vocab_size=320)
+    hf.save_pretrained(start)
+    out = tmp_path / "run"
+    run_clm_flax.main(run_args(str(start), corpus, out, "--max_steps", "4", "--do_eval", "false",
+                               "--save_steps", "4", "--learning_rate", "1e-3", model_flag="--model_name_or_path"))
+    tuned = type(hf).from_pretrained(out).eval()
+    before = dict(hf.named_parameters())
+    assert any(not torch.equal(p, before[n]) for n, p in tuned.named_parameters())  # it trained
+    ids = np.random.default_rng(0).integers(3, 300, (2, 24))
+    config, ours = load_pretrained(str(out))
+    with torch.no_grad():
+        ref = tuned(torch.tensor(ids)).logits.numpy()
+    err = np.abs(np.asarray(ours(jnp.asarray(ids))) - ref).max()
+    assert err < 1e-4, err
+    assert json.loads((out / "config.json").read_text())["architectures"] == [type(hf).__name__]
+
+
+def test_documents_and_line_breaks(tokenizer_dir, tmp_path):
+    """A text that does not end in a line break is a document, framed by the tokenizer's special tokens (ours:
+    <s> ... </s>) and ending in EOS. Lines that keep their breaks run on as the file's text, without special
+    tokens; --keep_linebreaks false makes every line a document."""
+    from types import SimpleNamespace
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    eos = tok.eos_token_id
+    (tmp_path / "t.txt").write_text("one two\nthree four\n\nfive six")
+    (tmp_path / "d.jsonl").write_text('{"text": "one two"}\n{"text": "three four"}\n')
+    src = SimpleNamespace(dataset_name=None, dataset_config_name=None, validation_file=None, text_column=None,
+                          streaming=False, cache_dir=None)
+
+    def flat(file, keep):
+        raw = load_raw_text(SimpleNamespace(**vars(src), train_file=[str(tmp_path / file)]), 0,
+                            keep_linebreaks=keep)
+        return tokenize_and_group(raw, tok, 1, document_eos=eos)["train"][:]["input_ids"].ravel().tolist()
+
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    bos = tok.bos_token_id
+    doc = lambda s: [bos] + enc(s) + [eos]  # noqa: E731
+    assert tok("five six")["input_ids"] == doc("five six")  # the RoBERTa-style framing of our BPE tokenizer
+    assert flat("t.txt", True) == enc("one two\n") + enc("three four\n") + doc("five six")
+    assert flat("t.txt", False) == doc("one two") + doc("three four") + doc("five six")
+    assert flat("d.jsonl", True) == doc("one two") + doc("three four")
+
+
+def tiny_objective(model_dir, block=32):
+    config = load_config(model_dir)
+    graphdef, params = split_model(create_model(config, seed=0))
+    return config, params, clm_objective(graphdef, config, params, block, pad_id=2)
+
+
+def test_eval_is_exact_over_every_real_row(model_dir):
+    config, params, objective = tiny_objective(model_dir)
+    mesh = meshlib.make_mesh()
+    rows = np.random.default_rng(0).integers(3, 300, size=(21, 32)).astype(np.int32)
+    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None))
+    result = evaluate(eval_step, jax.device_put(params, meshlib.replicated(mesh)), objective, rows, 8, mesh, 0)
+    assert result["target_tokens"] == 21 * 31  # 5 real rows in the last batch of 8; the 3 padding rows count nothing
+    graphdef = split_model(create_model(config, seed=0))[0]
+    logp = jax.nn.log_softmax(apply_model(graphdef, params, jnp.asarray(rows))[:, :-1], axis=-1)
+    direct = -float(jnp.take_along_axis(logp, jnp.asarray(rows[:, 1:])[..., None], axis=-1).mean())
+    assert result["loss"] == pytest.approx(direct, rel=1e-5)
+
+
+def test_8_devices_give_the_losses_of_1_device(model_dir, tmp_path):
+    assert jax.device_count() == 8, "conftest sets 8 simulated CPU devices"
+    _, params, objective = tiny_objective(model_dir)
+    rows = np.random.default_rng(0).integers(3, 300, size=(64, 32)).astype(np.int32)
+    losses = {}
+    for n in (1, 8):
+        out = tmp_path / f"d{n}"
+        args = TrainingArgs(output_dir=str(out), logging_steps=1, save_steps=100, do_eval=False, learning_rate=1e-3)
+        tx, schedule = make_optimizer(args, 3, decay_mask(params))
+        log = RunLog(str(out))
+        train(args=args, params=jax.tree.map(np.array, params), objective=objective, tx=tx, schedule=schedule,
+              train_rows=ShuffledRows(rows, 16, seed=0), eval_rows=None, mesh=meshlib.make_mesh(jax.devices()[:n]),
+              total_steps=3, micro_batch=16, eval_batch=16, log=log)
+        log.close()
+        losses[n] = [r["loss"] for r in read_metrics(out)]
+    assert len(losses[1]) == 3
+    np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
+
+
+def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_path, monkeypatch):
+    def args_for(out, *extra):
+        return run_args(model_dir, corpus, out, "--max_steps", "6", "--save_steps", "3", "--do_eval", "false", *extra)
+    assert_resume_matches(run_clm_flax.main, args_for, monkeypatch, tmp_path, steps=6, crash_step=3)
+
+
+# Bad input: one clear line, exit code 2, nothing destroyed.
+
+def test_block_size_larger_than_the_model(model_dir, corpus, tmp_path):
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    args[args.index("--block_size") + 1] = "300"
+    with pytest.raises(UserError, match="--block_size 300 is larger than the model's 256 positions"):
+        run_clm_flax.main(args)
+    assert not os.path.exists(tmp_path / "o" / "metrics.jsonl")
+
+
+def test_wrong_or_unsupported_architecture(model_dir, corpus, tmp_path):
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    with pytest.raises(UserError, match="run_clm_flax.py"):
+        run_mlm_flax.main([a for a in args if a not in ("--block_size", "32")])
+    other = tmp_path / "mistral"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "mistral", "vocab_size": 320}))
+    args[args.index("--config_name") + 1] = str(other)
+    with pytest.raises(UserError, match=r"holds a mistral model but run_clm_flax.py trains gpt2"):
+        run_clm_flax.main(args)
+    with pytest.raises(UserError, match="line_by_line"):
+        run_clm_flax.main(run_args(model_dir, corpus, tmp_path / "o", "--line_by_line"))
+    with pytest.raises(UserError, match="--do_predict evaluates test text but --train_file .* has none"):
+        run_clm_flax.main(run_args(model_dir, corpus, tmp_path / "o", "--do_predict"))
+
+
+def test_tokenizer_bigger_than_config(model_dir, corpus, tmp_path):
+    small = tmp_path / "small"
+    shutil.copytree(model_dir, small)
+    cfg = json.loads((small / "config.json").read_text())
+    cfg["vocab_size"] = 100
+    (small / "config.json").write_text(json.dumps(cfg))
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    args[args.index("--config_name") + 1] = str(small)
+    with pytest.raises(UserError, match="vocab_size"):
+        run_clm_flax.main(args)
