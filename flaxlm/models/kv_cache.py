@@ -41,6 +41,25 @@ def finish_step(cache, ks, vs, T):
     return {**cache, "k": list(ks), "v": list(vs), "index": cache["index"] + T}
 
 
+def run_layers(layers, x_BTD, mask_BT, cache, call):
+    """x through the decoder layers, with the cache when one is given: call(i, layer, x_BTD, kv, index,
+    visible_BTS) -> (x_BTD, kv) runs layer i (kv, index and visible_BTS are None without a cache).
+    Returns (x_BTD, the updated cache or None)."""
+    index = visible_BTS = None
+    if cache is not None:
+        mask_BT = jnp.ones(x_BTD.shape[:2], bool) if mask_BT is None else mask_BT
+        cache, visible_BTS = start_step(cache, mask_BT)
+        index = cache["index"]
+    ks, vs = [], []
+    for i, layer in enumerate(layers):
+        kv = None if cache is None else (cache["k"][i], cache["v"][i])
+        x_BTD, kv = call(i, layer, x_BTD, kv, index, visible_BTS)
+        if cache is not None:
+            ks.append(kv[0])
+            vs.append(kv[1])
+    return x_BTD, None if cache is None else finish_step(cache, ks, vs, x_BTD.shape[1])
+
+
 def default_positions(ids_BT, cache):
     """Positions 0.. of the new tokens (after the cache's index when decoding)."""
     start = 0 if cache is None else cache["index"]

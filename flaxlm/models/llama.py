@@ -171,23 +171,12 @@ class LlamaForCausalLM(nnx.Module):
         if positions_BL is None:
             positions_BL = kv_cache.default_positions(input_ids_BL, cache)
         x_BLD = self.embed(input_ids_BL).astype(self.dtype)
-        index = visible_BTS = None
-        if cache is not None:
-            mask_BL = jnp.ones(input_ids_BL.shape, bool) if attention_mask_BL is None else attention_mask_BL
-            cache, visible_BTS = kv_cache.start_step(cache, mask_BL)
-            index = cache["index"]
-        ks, vs = [], []
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache["k"][i], cache["v"][i])
-            x_BLD, kv = layer(x_BLD, positions_BL, self.inv_freq, attention_mask_BL, fold_key(dropout_key, i),
-                              kv, index, visible_BTS)
-            if cache is not None:
-                ks.append(kv[0])
-                vs.append(kv[1])
+        x_BLD, cache = kv_cache.run_layers(
+            self.layers, x_BLD, attention_mask_BL, cache,
+            lambda i, layer, x, *cached: layer(x, positions_BL, self.inv_freq, attention_mask_BL,
+                                               fold_key(dropout_key, i), *cached))
         logits_BLV = self.logits(self.final_norm(x_BLD))
-        if cache is None:
-            return logits_BLV
-        return logits_BLV, kv_cache.finish_step(cache, ks, vs, input_ids_BL.shape[1])
+        return logits_BLV if cache is None else (logits_BLV, cache)
 
     def logits(self, h_BLD):
         """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
