@@ -12,16 +12,14 @@ import pytest
 import create_config
 import run_mlm_flax
 import train_tokenizer
-from run_helpers import assert_resume_matches, read_metrics
+from run_helpers import assert_devices_match, assert_resume_matches, read_metrics
 from flaxlm import mesh as meshlib
-from flaxlm.args import TrainingArgs
 from flaxlm.errors import UserError
 from flaxlm.mlm import mlm_objective
 from flaxlm.mlm_masking import MLMMasker
 from flaxlm.models import create_model, split_model
 from flaxlm.models.hf_io import load_config
-from flaxlm.train_loop import evaluate, make_train_step, train
-from flaxlm.batches import ShuffledRows
+from flaxlm.train_loop import evaluate, make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,24 +81,8 @@ def tiny_setup(model_dir, seq_len=32, dropout=True):
 
 
 def test_8_devices_give_the_losses_of_1_device(model_dir, tmp_path):
-    assert jax.device_count() == 8, "conftest sets 8 simulated CPU devices"
     tok, config, params, objective, rows = tiny_setup(model_dir)
-    losses = {}
-    for n in (1, 8):
-        out = tmp_path / f"d{n}"
-        args = TrainingArgs(output_dir=str(out), logging_steps=1, save_steps=100, do_eval=False, learning_rate=1e-3)
-        from flaxlm.optim import make_optimizer
-        from flaxlm.models import decay_mask
-        from flaxlm.run_log import RunLog
-        tx, schedule = make_optimizer(args, 3, decay_mask(params))
-        log = RunLog(str(out))
-        train(args=args, params=jax.tree.map(np.array, params), objective=objective, tx=tx, schedule=schedule,
-              train_rows=ShuffledRows(rows, 16, seed=0), eval_rows=None, mesh=meshlib.make_mesh(jax.devices()[:n]),
-              total_steps=3, micro_batch=16, eval_batch=16, log=log)
-        log.close()
-        losses[n] = [r["loss"] for r in read_metrics(out)]
-    assert len(losses[1]) == 3
-    np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
+    assert_devices_match(objective, params, rows, tmp_path)
 
 
 def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_path, monkeypatch):

@@ -82,6 +82,7 @@ def abstract_model(config, dtype="float32"):
 from flaxlm.models.hf_io import (  # noqa: E402  (hf_io uses the functions above)
     from_hf_state_dict, load_config, load_pretrained, save_pretrained, to_hf_state_dict)
 
-__all__ = ["MODELS", "CAUSAL_LM_TYPES", "create_model", "split_model", "merge_model", "apply_model", "decay_mask", "count_params",
+__all__ = ["MODELS", "CAUSAL_LM_TYPES", "create_model", "split_model", "merge_model", "apply_model", "decay_mask",
+           "count_params",
            "abstract_model", "load_config", "load_pretrained", "save_pretrained", "to_hf_state_dict",
            "from_hf_state_dict"]

@@ -15,7 +15,8 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
-from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key, split_last
+from flaxlm.models.layers import (LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key, lm_logits,
+                                  split_last)
 
 
 def embed(n, d, std, rngs):
@@ -107,11 +108,5 @@ class GPT2LMHeadModel(nnx.Module):
     def logits(self, h_BLD):
         """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
         B, L, D = h_BLD.shape
-        h_MD = h_BLD.reshape(B * L, D).astype(self.dtype)
-        if self.tied:
-            w_VD = self.embed.embedding[...].astype(self.dtype)
-            logits_MV = jnp.einsum("md,vd->mv", h_MD, w_VD, preferred_element_type=jnp.float32)
-        else:
-            w_DV = self.lm_head.kernel[...].astype(self.dtype)
-            logits_MV = jnp.einsum("md,dv->mv", h_MD, w_DV, preferred_element_type=jnp.float32)
-        return logits_MV.reshape(B, L, -1)
+        weight = self.embed.embedding[...] if self.tied else self.lm_head.kernel[...]
+        return lm_logits(h_BLD.reshape(B * L, D), weight, self.tied, self.dtype).reshape(B, L, -1)

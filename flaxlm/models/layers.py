@@ -117,6 +117,13 @@ def dense(d_in, d_out, dtype, std, rngs, use_bias=True):
                       kernel_init=nnx.initializers.normal(std), bias_init=nnx.initializers.zeros, rngs=rngs)
 
 
+def lm_logits(h_MD, weight, tied, dtype):
+    """float32 logits [M, V] of hidden rows h_MD: against the token embeddings weight [V, D] (a tied head) or an
+    untied head's kernel [D, V], multiplied in dtype."""
+    pattern = "md,vd->mv" if tied else "md,dv->mv"
+    return jnp.einsum(pattern, h_MD.astype(dtype), weight.astype(dtype), preferred_element_type=jnp.float32)
+
+
 class LayerNorm(nnx.LayerNorm):
     """LayerNorm with float32 parameters and statistics; returns the input's dtype."""
 

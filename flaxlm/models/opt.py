@@ -5,13 +5,12 @@ Configured by a transformers OPTConfig; the parameters map 1:1 to OPTForCausalLM
 of flaxlm.models.gpt2: model(ids_BL, mask_BL, positions_BL, dropout_key=key), model.init_cache(batch, length),
 model(ids_BT, mask_BT, positions_BT, cache=cache) -> (logits_BTV, cache). Positions are 0-based.
 """
-import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.gpt2 import embed
-from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key
+from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key, lm_logits
 
 POSITION_OFFSET = 2  # OPT's embed_positions table has 2 extra leading rows; position p uses row p + 2
 
@@ -123,10 +122,5 @@ class OPTForCausalLM(nnx.Module):
         h_MW = h_BLD.reshape(B * L, D).astype(self.dtype)
         if self.projected:
             h_MW = self.project_out(h_MW)
-        if self.tied:
-            w_VW = self.embed.embedding[...].astype(self.dtype)
-            logits_MV = jnp.einsum("mw,vw->mv", h_MW, w_VW, preferred_element_type=jnp.float32)
-        else:
-            w_WV = self.lm_head.kernel[...].astype(self.dtype)
-            logits_MV = jnp.einsum("mw,wv->mv", h_MW, w_WV, preferred_element_type=jnp.float32)
-        return logits_MV.reshape(B, L, -1)
+        weight = self.embed.embedding[...] if self.tied else self.lm_head.kernel[...]
+        return lm_logits(h_MW, weight, self.tied, self.dtype).reshape(B, L, -1)
