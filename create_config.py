@@ -15,8 +15,8 @@ from flaxlm.args import ConfigArgs  # noqa: E402
 from flaxlm.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 from flaxlm.models.hf_io import save_config  # noqa: E402
-from flaxlm.tokenizer_io import load_tokenizer  # noqa: E402
-from flaxlm.tokenizer_training import TOKENIZER_FILES  # noqa: E402
+from flaxlm.output_dir import check_writable_dir  # noqa: E402
+from flaxlm.tokenizer_io import has_tokenizer, load_tokenizer  # noqa: E402
 from flaxlm.presets import PRESETS, build_config, count_params, get_preset, human, parse_overrides  # noqa: E402
 
 
@@ -33,8 +33,7 @@ def list_presets():
 
 def find_tokenizer(path, explicit, overrides):
     """The tokenizer saved at path; None when there is none and vocab_size is given by --set."""
-    has_files = os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
-    if not has_files:
+    if not has_tokenizer(path):
         if not explicit and "vocab_size" in overrides:
             return None
         if explicit:
@@ -52,6 +51,7 @@ def main(argv=None):
         return
     if not args.output_dir:
         raise UserError("missing required option --output_dir (give it as a flag or in a --config_file)")
+    check_writable_dir(args.output_dir)
     get_preset(args.preset)  # fail fast on a bad name
     overrides = parse_overrides(args.set)
     config_path = os.path.join(args.output_dir, "config.json")

@@ -18,7 +18,8 @@ def main():
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise UserError(f"{model_dir} holds no exported model (config.json); pass run_mlm_flax.py's --output_dir")
     from transformers import pipeline
-    fill = pipeline("fill-mask", model=model_dir, tokenizer=model_dir, device="cpu")
+    fill = pipeline("fill-mask", model=model_dir, tokenizer=model_dir, device="cpu", trust_remote_code=False,
+                    model_kwargs={"use_safetensors": True})  # our export: no pickle, no hub code
     mask = fill.tokenizer.mask_token
     for text in texts:
         text = text.replace("<mask>", mask).replace("[MASK]", mask)

@@ -20,8 +20,8 @@ def main():
         raise UserError(f"{model_dir} holds no exported model (config.json); pass run_t5_mlm_flax.py's --output_dir")
     import torch
     from transformers import AutoTokenizer, T5ForConditionalGeneration
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = T5ForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    model = T5ForConditionalGeneration.from_pretrained(model_dir, use_safetensors=True).eval()  # never a pickle
     for text in texts:
         if "<extra_id_0>" not in text:
             raise UserError(f"no <extra_id_0> in {text!r}; put <extra_id_0> where a span should be filled in")

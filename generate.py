@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from flaxlm.args import GenerateArgs  # noqa: E402
 from flaxlm.cli import parse_args  # noqa: E402
-from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.errors import UserError, decode_utf8_line, run_main  # noqa: E402
 
 
 def read_prompts(args):
@@ -22,9 +22,11 @@ def read_prompts(args):
     prompts = list(args.prompt or [])
     if args.prompt_file:
         if not os.path.isfile(args.prompt_file):
-            raise UserError(f"--prompt_file {args.prompt_file} does not exist; pass a text file, one prompt per line")
-        with open(args.prompt_file, encoding="utf-8") as f:
-            prompts += [line.rstrip("\n") for line in f if line.strip()]
+            what = "is a directory" if os.path.isdir(args.prompt_file) else "does not exist"
+            raise UserError(f"--prompt_file {args.prompt_file} {what}; pass a text file, one prompt per line")
+        with open(args.prompt_file, "rb") as f:
+            lines = [decode_utf8_line(raw, f"--prompt_file {args.prompt_file}", n) for n, raw in enumerate(f, 1)]
+        prompts += [line.rstrip("\r\n") for line in lines if line.strip()]
     if not prompts:
         raise UserError("no prompt given; pass --prompt TEXT (repeatable) or --prompt_file FILE")
     for i, text in enumerate(prompts):

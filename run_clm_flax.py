@@ -32,17 +32,18 @@ def main(argv=None):
     from flaxlm.clm import clm_objective, resolve_block_size
     from flaxlm.data import load_raw_text, tokenize_and_group
     from flaxlm.models import CAUSAL_LM_TYPES, split_model
-    from flaxlm.output_dir import check_hub_access, prepare_output_dir
+    from flaxlm.output_dir import check_hub_access, prepare_output_dir, start_fresh
     from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, training_rows
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
 
-    meshlib.maybe_initialize_distributed()
+    meshlib.maybe_initialize_distributed(args)
     prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
     if args.push_to_hub:
         check_hub_access(args.hub_token or model_args.token)
 
     # Tokenizer and model.
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token)
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
+                               trust_remote_code=model_args.trust_remote_code)
     config, model = load_model(model_args, seed=args.seed, model_types=CAUSAL_LM_TYPES, script="run_clm_flax.py")
     check_fits(tokenizer, config)
     if tokenizer.eos_token_id is None:
@@ -65,6 +66,7 @@ def main(argv=None):
                               max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
     test_rows = held_out_rows(data, "test", source.streaming)
+    start_fresh(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))  # inputs all read
 
     # Train: every token predicted from the ones before it.
     objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id)

@@ -96,12 +96,24 @@ class TrainingArgs:
     save_steps: int = option(500, help="checkpoint every N steps")
     save_total_limit: int | None = option(help="keep only the last N checkpoints")
     resume_from_checkpoint: str | None = option(help="checkpoint directory, or 'latest' in output_dir")
+    async_checkpointing: bool = option(False, help="write checkpoints in the background while training goes on "
+                                                   "(faster; a hard kill during a write loses that checkpoint too)")
+    skip_nonfinite_steps: int = option(0, help="skip up to N steps whose loss or gradient is NaN/Inf (their "
+                                               "update is never applied); one more stops the run")
     seed: int = option(42, help="seed for initialization, data order, masking and dropout")
     push_to_hub: bool = option(False, help="upload the exported model to the hub (needs network)")
     hub_model_id: str | None = option(help="repository name for --push_to_hub")
     hub_token: str | None = option(help="token for --push_to_hub")
     peak_flops: float | None = option(help="device peak FLOP/s for MFU (default: known table, measured on CPU)")
     report_to: str | None = option(help="accepted for compatibility; TensorBoard and metrics.jsonl are always written")
+    sharding: str = option("data", choices=("data", "fsdp"),
+                           help="data: every device holds the whole params and optimizer state; fsdp: their large "
+                                "arrays are split over the devices (models too big to replicate)")
+    coordinator_address: str | None = option(help="multi-host run: HOST:PORT of process 0's coordinator (default: "
+                                                  "found from the environment on TPU pods and SLURM)")
+    num_processes: int | None = option(help="multi-host run: how many processes (with --coordinator_address)")
+    process_id: int | None = option(help="multi-host run: this process's index, 0 to num_processes-1 "
+                                         "(with --coordinator_address)")
 
 
 @dataclass

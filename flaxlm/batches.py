@@ -41,7 +41,8 @@ class ShuffledRows:
 
 class StreamRows:
     """Rows from `open_stream(skip)` (an iterator of int32 [L] rows that starts after `skip` rows and
-    runs over the corpus again when it ends); batches must be asked for in step order."""
+    runs over the corpus again when it ends); batches must be asked for in step order. A stream cannot
+    be entered in the middle of a batch, so every process reads the global batch and keeps its slice."""
 
     def __init__(self, open_stream, global_batch):
         self.open_stream, self.global_batch = open_stream, global_batch
@@ -60,14 +61,17 @@ class StreamRows:
 
 
 def eval_batches(rows, global_batch, local, pad_id):
-    """Every row of the validation set once, in order, as (rows, real): this process's slice of each
-    global batch and a bool per row, False for the rows of pad_id that fill up the last batch (the
-    loop gives those no weight, so every metric excludes them)."""
+    """Every row of the validation set once, in order, as (rows, real): this process's slice `local` of
+    each global batch (only those rows are read) and a bool per row, False for the rows of pad_id that
+    fill up the last batch (the loop gives those no weight, so every metric excludes them)."""
     n = len(rows)
+    if n == 0:
+        return
+    width = take_rows(rows, np.arange(1)).shape[1]
     for start in range(0, n, global_batch):
-        chunk = take_rows(rows, np.arange(start, min(start + global_batch, n)))
-        real = np.arange(global_batch) < len(chunk)
-        if len(chunk) < global_batch:
-            pad = np.full((global_batch - len(chunk), chunk.shape[1]), pad_id, dtype=np.int32)
-            chunk = np.concatenate([chunk, pad])
-        yield chunk[local], real[local]
+        idx = np.arange(start, start + global_batch)[local]
+        real = idx < n
+        chunk = np.full((len(idx), width), pad_id, dtype=np.int32)
+        if real.any():
+            chunk[real] = take_rows(rows, idx[real])
+        yield chunk, real

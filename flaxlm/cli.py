@@ -13,6 +13,7 @@ is an error naming the key and its nearest valid names.
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import sys
 import types
@@ -24,6 +25,18 @@ from flaxlm.errors import UserError
 
 SCRIPT_SECTIONS = ("train_tokenizer", "create_config", "run_mlm_flax", "run_t5_mlm_flax", "run_clm_flax",
                    "generate")
+
+# The least value of the numeric options that count something, in whichever script has them: a value below it
+# (or NaN/inf in any float option) fails here in one line, not as a ZeroDivisionError deep inside training.
+MINIMUM = {
+    "per_device_train_batch_size": 1, "per_device_eval_batch_size": 1, "train_batch_size": 1, "eval_batch_size": 1,
+    "gradient_accumulation_steps": 1, "logging_steps": 1, "eval_steps": 1, "save_steps": 1, "save_total_limit": 1,
+    "warmup_steps": 0, "cpu_chunk_tokens": 0, "num_train_epochs": 0, "learning_rate": 0, "weight_decay": 0,
+    "adam_epsilon": 0, "max_grad_norm": 0, "seed": 0, "max_seq_length": 1, "block_size": 1,
+    "preprocessing_num_workers": 1, "max_train_samples": 1, "max_eval_samples": 1,
+    "vocab_size": 1, "min_frequency": 0, "model_max_length": 1, "max_new_tokens": 1, "top_k": 0,
+}
+TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,28 +98,42 @@ def _build_parser(groups, prog, description):
 
 def _coerce(field, value, source):
     scalar, is_list = _base_type(field.type)
-    convert = _converter(scalar)
     try:
         if value is None:
             return None
         if is_list:
             items = value if isinstance(value, list) else [value]
-            return [convert(v) for v in items]
-        if isinstance(value, (list, dict)):
-            raise ValueError("expected a single value")
-        if scalar in (int, float) and isinstance(value, bool):
-            raise ValueError("expected a number")
-        if scalar is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError("expected an integer")
-        out = convert(value)
+            return [_scalar(scalar, v) for v in items]
+        out = _scalar(scalar, value)
     except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+        kind = TYPE_NAMES.get(scalar, getattr(scalar, "__name__", scalar))
         raise UserError(f"{source}: option '{field.name}' has a bad value {value!r} ({e}); "
-                        f"it takes a {getattr(scalar, '__name__', scalar)}") from None
+                        f"it takes {'a list of ' if is_list else ''}{kind}") from None
     choices = field.metadata.get("choices")
     if choices and out not in choices:
         raise UserError(f"{source}: option '{field.name}' must be one of {', '.join(map(str, choices))}, "
                         f"not {out!r}")
     return out
+
+
+def _scalar(scalar, value):
+    """One yaml value as the option's type; a list or mapping where one value belongs is an error."""
+    if isinstance(value, (list, dict)):
+        raise ValueError("expected a single value")
+    if scalar in (int, float) and isinstance(value, bool):
+        raise ValueError("expected a number")
+    if scalar is int and isinstance(value, float) and not value.is_integer():
+        raise ValueError("expected an integer")
+    return _converter(scalar)(value)
+
+
+def check_range(name, value):
+    """UserError when a numeric option is NaN/inf or below its MINIMUM."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"--{name} {value} is not a finite number; give a number")
+    least = MINIMUM.get(name)
+    if least is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < least:
+        raise UserError(f"--{name} {value} is out of range; it must be at least {least}")
 
 
 def _all_known_options():
@@ -169,6 +196,9 @@ def parse_args(*groups, argv=None, prog=None, description=None):
     fields_by_name = {f.name: f for f in _fields(groups)}
     values = load_config_files(ns.config_file, fields_by_name, script)
     values.update({k: v for k, v in vars(ns).items() if k != "config_file"})
+    for name, value in values.items():
+        for item in value if isinstance(value, list) else [value]:
+            check_range(name, item)
     out = []
     for group in groups:
         kwargs = {f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values}

@@ -1,11 +1,10 @@
 """The causal-LM objective: each token predicted from the ones before it, plus the block-size limits."""
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from flaxlm.errors import UserError
 from flaxlm.flops import decoder_lm_train_flops
-from flaxlm.models import apply_model
+from flaxlm.lm_loss import head_loss_sums
+from flaxlm.models import apply_hidden
 from flaxlm.train_loop import Objective
 
 MAX_BLOCK_SIZE = 1024  # default block size when the tokenizer allows more (as Hugging Face's run_clm)
@@ -39,15 +38,12 @@ def collate_blocks(rows_BL, rng=None):
 
 
 def clm_objective(graphdef, config, params, block_size, pad_id):
-    """Objective for run_clm_flax: logits at positions 0..L-2 against the tokens at 1..L-1."""
+    """Objective for run_clm_flax: the head at positions 0..L-2 against the tokens at 1..L-1 (fused with the
+    cross-entropy: flaxlm.lm_loss; the last position's head is never computed)."""
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
-        logits_BLV = apply_model(graphdef, params, ids_BL, dropout_key=dropout_key)
-        logits_BTV, labels_BT, weights_BT = logits_BLV[:, :-1], ids_BL[:, 1:], batch["label_weights"]
-        xent_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, labels_BT)
-        correct_BT = jnp.take_along_axis(logits_BTV, labels_BT[..., None], axis=-1)[..., 0] >= logits_BTV.max(-1)
-        return {"loss_sum": (xent_BT * weights_BT).sum(), "accuracy_sum": (correct_BT * weights_BT).sum(),
-                "weight_sum": weights_BT.sum()}
+        h_BLD, head = apply_hidden(graphdef, params, ids_BL, dropout_key=dropout_key)
+        return head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"])
 
     return Objective(loss_sums=loss_sums, collate=collate_blocks, pad_id=pad_id, weights_key="label_weights",
                      flops_per_example=decoder_lm_train_flops(config, params, 1, block_size),

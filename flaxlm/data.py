@@ -8,18 +8,24 @@ Grouped mode packs text as Hugging Face's run_mlm_flax.py does: each text is tok
 special tokens (`<s> ... </s>`), a batch of 1000 texts is concatenated and cut into blocks, and the
 batch's remainder (< one block) is dropped. With --streaming the same rows come lazily from a
 StreamingRows object instead of a cached Dataset.
+
+Text files must be UTF-8: a line that is not is an error naming the file and the line (and the iconv command
+that fixes it), raised when reading meets it (with --streaming that may be well into training). Nothing is
+skipped silently: a corpus with bad bytes is usually in another encoding, and skipping would drop it all.
 """
+import contextlib
 import functools
 import glob
 import itertools
 import json
+import logging
 import os
 
 import datasets
 import numpy as np
 from datasets.fingerprint import Hasher
 
-from flaxlm.errors import UserError
+from flaxlm.errors import UserError, decode_utf8_line
 
 # extension -> (datasets builder, builder options); .gz/.bz2/.xz/.zst around any of them work too
 BUILDERS = {
@@ -31,6 +37,7 @@ BUILDERS = {
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 GROUP_BATCH = 1000  # texts concatenated per block-cutting step (Hugging Face's default map batch)
 _CACHE_VERSION = 1  # bump when the row-making code changes meaning, to invalidate old caches
+_TEXT_FILES = []  # (flag, files) read by the last load_raw_text: where to look when text turns out not UTF-8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,7 +64,13 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, kee
     if not 0 <= validation_split_percentage < 100:
         raise UserError(f"--validation_split_percentage must be between 0 and 99, "
                         f"not {validation_split_percentage}")
+    _TEXT_FILES.clear()
+    with _naming_bad_bytes():
+        return _load_splits(src, validation_split_percentage, seed, keep_linebreaks, include_test)
 
+
+def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, include_test):
+    """load_raw_text after its checks of the options."""
     if src.dataset_name:
         where = f"dataset {src.dataset_name}"
         splits = _load_hub(src)
@@ -86,8 +99,58 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, kee
 
 def iter_texts(ds, batch_size: int = 1000):
     """Lists of strings from a raw text split (Dataset or IterableDataset), e.g. to train a tokenizer."""
-    for batch in ds.iter(batch_size=batch_size):
-        yield batch["text"]
+    with _naming_bad_bytes():  # a stream reads its files only now
+        for batch in ds.iter(batch_size=batch_size):
+            yield batch["text"]
+
+
+@contextlib.contextmanager
+def _naming_bad_bytes():
+    """Turn a UnicodeDecodeError met while reading text into a UserError naming the file and line."""
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise _not_utf8_error(e) from None
+
+
+def _not_utf8_error(reason):
+    """A UserError naming the first line that is not UTF-8 in the text files being read (they are read again
+    to find it, only after reading failed), or naming the failure itself when no such line turns up."""
+    import fsspec
+    for flag, files in _TEXT_FILES:
+        for f in files:
+            if _extension(f) == ".parquet":
+                continue
+            try:
+                with fsspec.open(f, "rb", compression="infer") as fh:
+                    for n, raw in enumerate(fh, 1):
+                        decode_utf8_line(raw, f"{flag} {f}", n)
+            except UserError as e:
+                return e
+            except Exception:  # unreadable for another reason (a damaged archive): reported as it is
+                continue
+    return UserError(f"the text is not UTF-8 ({_first_line(reason)}); convert the files to UTF-8 "
+                     f"(e.g. iconv -f latin1 -t utf-8)")
+
+
+def _is_decode_error(e):
+    while e is not None:
+        if isinstance(e, UnicodeDecodeError) or "utf8" in str(e).lower().replace("-", ""):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _quiet_datasets_log():
+    """`datasets` logs a file it fails to read at ERROR level before raising; our one-line error says it."""
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _file_list(files, flag):
@@ -130,11 +193,15 @@ def _load_files(files, flag, src, keep_linebreaks=False):
     builder, options = BUILDERS[exts[0]]
     if builder == "text" and keep_linebreaks:
         options = {**options, "keep_linebreaks": True}
+    _TEXT_FILES.append((flag, files))
     try:
-        return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=src.cache_dir,
-                                     streaming=src.streaming, **options)
+        with _quiet_datasets_log():
+            return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=src.cache_dir,
+                                         streaming=src.streaming, **options)
     except Exception as e:  # a parse error in the user's file
-        raise UserError(f"could not read {flag} {', '.join(files)} as {exts[0][1:]} ({_first_line(e)}); "
+        if _is_decode_error(e):
+            raise _not_utf8_error(e) from None
+        raise UserError(f"could not read {flag} {', '.join(files)} as {exts[0][1:]} ({_first_line(_root(e))}); "
                         f"fix the file or its extension") from None
 
 
@@ -154,6 +221,13 @@ def _load_hub(src):
 def _first_line(e):
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _root(e):
+    """The error under datasets' generic 'An error occurred while generating the dataset'."""
+    while isinstance(e, datasets.exceptions.DatasetGenerationError) and (e.__cause__ or e.__context__):
+        e = e.__cause__ or e.__context__
+    return e
 
 
 def _column_types(ds, where):

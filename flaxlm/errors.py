@@ -16,3 +16,13 @@ def run_main(main):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
+
+
+def decode_utf8_line(raw: bytes, where: str, line_no: int) -> str:
+    """One line of a text file as str; bytes that are not UTF-8 are a UserError naming the file and line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where} line {line_no} is not UTF-8 text (byte {raw[e.start]:#04x} at byte {e.start + 1} "
+                        f"of the line); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or drop the bad "
+                        f"bytes with iconv -c -f utf-8 -t utf-8") from None

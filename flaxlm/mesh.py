@@ -1,7 +1,8 @@
 """The device mesh: one 'data' axis over every device of every process (JAX's own distribution).
 
-Parameters and optimizer state are replicated; batches are split along their example axis. Each
-process builds only its own rows of a global batch and JAX assembles the global array.
+Batches are split along their example axis; parameters and optimizer state are replicated or, with
+--sharding fsdp, split too (flaxlm.sharding). Each process builds only its own rows of a global batch
+and JAX assembles the global array. A multi-host run joins JAX's distributed runtime first.
 """
 import os
 
@@ -12,17 +13,39 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from flaxlm.errors import UserError
 
 
-def maybe_initialize_distributed():
-    """Join a multi-host run when the environment says there is one (TPU pod, SLURM, coordinator)."""
+def maybe_initialize_distributed(args=None):
+    """Join a multi-host run: from --coordinator_address/--num_processes/--process_id when given (any
+    platform, CPU included), else when the environment says there is one (TPU pod, SLURM,
+    JAX_COORDINATOR_ADDRESS). Must run before anything touches the devices."""
+    if jax.distributed.is_initialized():
+        return
+    address = getattr(args, "coordinator_address", None)
+    count, index = getattr(args, "num_processes", None), getattr(args, "process_id", None)
+    if address or count is not None or index is not None:
+        check_process_flags(address, count, index)
+        jax.distributed.initialize(address, count, index)
+        return
     multi = (os.environ.get("JAX_COORDINATOR_ADDRESS")
              or int(os.environ.get("SLURM_NTASKS", "1")) > 1
              or len(os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",")) > 1)
-    if multi and not jax.distributed.is_initialized():
+    if multi:
         jax.distributed.initialize()
 
 
+def check_process_flags(address, count, index):
+    if not (address and count is not None and index is not None):
+        raise UserError("a multi-host run by flags needs all of --coordinator_address HOST:PORT, "
+                        "--num_processes N and --process_id I; pass the missing ones")
+    if count < 1 or not 0 <= index < count:
+        raise UserError(f"--process_id {index} is not in 0..{count - 1} (--num_processes {count}); "
+                        f"give each process its own index below --num_processes")
+
+
 def make_mesh(devices=None):
+    """The 1-D 'data' mesh, devices grouped by process in process order, so that each process's
+    devices hold one contiguous block of the example axis (the rows local_rows gives it)."""
     devices = jax.devices() if devices is None else devices
+    devices = sorted(devices, key=lambda d: d.process_index)  # stable: order within a process kept
     return Mesh(np.asarray(devices), ("data",))
 
 
@@ -47,7 +70,8 @@ def global_batch_size(per_device, global_size, mesh, what):
 
 
 def local_rows(global_rows):
-    """This process's rows of a global batch of `global_rows` examples (contiguous, in order)."""
+    """This process's rows of a global batch of `global_rows` examples (contiguous, in order): the
+    block that its devices hold in a make_mesh mesh. It reads only these rows."""
     count, index = jax.process_count(), jax.process_index()
     per = global_rows // count
     return slice(index * per, (index + 1) * per)

@@ -1,10 +1,8 @@
 """The masked-LM objective: loss and accuracy at the masked slots only, plus its sequence limits."""
-import jax.numpy as jnp
-import optax
-
 from flaxlm.errors import UserError
 from flaxlm.flops import encoder_mlm_train_flops
-from flaxlm.models import apply_model
+from flaxlm.lm_loss import head_loss_sums
+from flaxlm.models import apply_hidden
 from flaxlm.train_loop import Objective
 
 
@@ -28,15 +26,12 @@ def resolve_seq_len(requested, tokenizer, config):
 
 
 def mlm_objective(graphdef, config, masker, seq_len):
+    """Objective for run_mlm_flax: the head at the masked slots only, fused with the cross-entropy
+    (flaxlm.lm_loss); correct when the label's logit is the largest (an exact tie counts as correct)."""
     def loss_sums(params, batch, dropout_key):
-        logits = apply_model(graphdef, params, batch["input_ids"], batch["attention_mask"],
-                             masked_positions_BP=batch["masked_positions"], dropout_key=dropout_key)
-        labels, weights = batch["masked_labels"], batch["masked_weights"]
-        xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-        # correct when the label's logit is the largest (cheaper than argmax; an exact tie counts as correct)
-        correct = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0] >= logits.max(-1)
-        return {"loss_sum": (xent * weights).sum(), "accuracy_sum": (correct * weights).sum(),
-                "weight_sum": weights.sum()}
+        h_BPD, head = apply_hidden(graphdef, params, batch["input_ids"], batch["attention_mask"],
+                                   masked_positions_BP=batch["masked_positions"], dropout_key=dropout_key)
+        return head_loss_sums(h_BPD, head, batch["masked_labels"], batch["masked_weights"])
 
     return Objective(loss_sums=loss_sums, collate=masker, pad_id=masker.pad_token_id,
                      weights_key="masked_weights",

@@ -1,15 +1,32 @@
-"""The output directory: refuse to mix with other files unless asked, never delete what is not ours,
-and the hub upload (checked before training, so a missing network fails at once, not at the end)."""
+"""The output directory: refuse to mix with other files unless asked, never delete what is not ours (nor
+our own old run before the new one is sure to start), and the hub upload (checked before training, so a
+missing network fails at once, not at the end)."""
 import os
 import tempfile
 
-from flaxlm.checkpoint import clear_checkpoints
 from flaxlm.errors import UserError
 
 
-def prepare_output_dir(path, overwrite, resuming):
+def check_writable_dir(path, flag="--output_dir"):
+    """UserError unless `path` is a directory we can write in, or one we can create; creates nothing.
+
+    Called before hours of work (training a tokenizer) so that a typo or a read-only disk fails at once."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise UserError(f"--output_dir {path} is a file; pass a directory")
+        raise UserError(f"{flag} {path} is a file; pass a directory")
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag} {path} cannot be created: {parent} is a file; pass another directory")
+    try:
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as e:
+        raise UserError(f"cannot write to {parent} ({e.strerror}); pick a writable {flag}") from None
+
+
+def prepare_output_dir(path, overwrite, resuming):
+    """Check --output_dir before any work and create it; nothing in it is removed here (see start_fresh)."""
+    check_writable_dir(path)
     if os.path.isdir(path) and os.listdir(path) and not (overwrite or resuming):
         raise UserError(f"output directory {path} already exists and is not empty; pass --overwrite_output_dir "
                         f"to write into it (only flaxlm's own files are replaced), --resume_from_checkpoint latest "
@@ -18,8 +35,16 @@ def prepare_output_dir(path, overwrite, resuming):
         os.makedirs(path, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()
     except OSError as e:
-        raise UserError(f"cannot write to output directory {path} ({e.strerror}); pick a writable --output_dir") from None
+        raise UserError(f"cannot write to output directory {path} ({e.strerror}); pick a writable "
+                        f"--output_dir") from None
+
+
+def start_fresh(path, overwrite, resuming):
+    """With --overwrite_output_dir (and no resume), remove the checkpoints an earlier run of ours left in `path`.
+    Called once the inputs are loaded and training is about to start, so that a run that fails on bad input
+    (a wrong --tokenizer_name, an unreadable --train_file) leaves the earlier run intact."""
     if overwrite and not resuming:
+        from flaxlm.checkpoint import clear_checkpoints
         clear_checkpoints(path)
 
 

@@ -32,10 +32,32 @@ class RunLog:
                 self._tb.add_scalar(f"{split}/{k}", v, int(step))
         self._tb.flush()
 
+    def drop_after(self, step):
+        """Forget the metrics.jsonl rows past `step` (a resumed run redoes those steps and logs them again)."""
+        if not self.enabled:
+            return
+        self._file.close()
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.readlines()
+        kept = [line for line in lines if _step_of(line) <= step]
+        if len(kept) < len(lines):
+            tmp = self.path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+
     def close(self):
         if self.enabled:
             self._file.close()
             self._tb.close()
+
+
+def _step_of(line):
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")  # a line cut short by a kill: dropped
 
 
 def _plain(v):

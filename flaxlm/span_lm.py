@@ -1,10 +1,8 @@
 """The T5 span-corruption objective: loss and accuracy over the real target tokens, plus its lengths."""
-import jax.numpy as jnp
-import optax
-
 from flaxlm.errors import UserError
 from flaxlm.flops import encoder_decoder_train_flops
-from flaxlm.models import apply_model
+from flaxlm.lm_loss import head_loss_sums
+from flaxlm.models import apply_hidden
 from flaxlm.train_loop import Objective
 
 MAX_INPUT_LENGTH = 512  # default --max_seq_length when the tokenizer allows more (relative positions have no limit)
@@ -25,15 +23,12 @@ def check_decoder_start(config):
 
 def span_objective(graphdef, config, corruptor):
     """Objective for run_t5_mlm_flax: the collator is a SpanCorruptor; decoder inputs are the targets
-    shifted right; targets of padding rows and padded positions weigh nothing."""
+    shifted right; targets of padding rows and padded positions weigh nothing. The LM head is fused with
+    the cross-entropy (flaxlm.lm_loss)."""
     def loss_sums(params, batch, dropout_key):
-        logits_BTV = apply_model(graphdef, params, batch["input_ids"], batch["attention_mask"],
-                                 batch["decoder_input_ids"], dropout_key=dropout_key)
-        labels_BT, weights_BT = batch["labels"], batch["label_weights"]
-        xent_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, labels_BT)
-        correct_BT = jnp.take_along_axis(logits_BTV, labels_BT[..., None], axis=-1)[..., 0] >= logits_BTV.max(-1)
-        return {"loss_sum": (xent_BT * weights_BT).sum(), "accuracy_sum": (correct_BT * weights_BT).sum(),
-                "weight_sum": weights_BT.sum()}
+        h_BTD, head = apply_hidden(graphdef, params, batch["input_ids"], batch["attention_mask"],
+                                   batch["decoder_input_ids"], dropout_key=dropout_key)
+        return head_loss_sums(h_BTD, head, batch["labels"], batch["label_weights"])
 
     flops = encoder_decoder_train_flops(config, 1, corruptor.inputs_length, corruptor.targets_length)
     return Objective(loss_sums=loss_sums, collate=corruptor, pad_id=corruptor.pad_token_id,

@@ -5,16 +5,15 @@ tokenizer_config.json, and AutoTokenizer.from_pretrained(dir) gives it back (Rob
 BertTokenizer, and for Unigram a TokenizersBackend) with its special tokens and model_max_length.
 """
 import os
+import tempfile
 
 import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from flaxlm.errors import UserError
+from flaxlm.output_dir import check_writable_dir
+from flaxlm.tokenizer_io import TOKENIZER_FILES
 from flaxlm.unigram_tokenizer import SentencePieceUnigramTokenizer, VocabTooSmall
-
-# files a tokenizer may have in a model directory (other files there, such as config.json, are not ours)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
-                   "special_tokens_map.json", "added_tokens.json", "spiece.model")
 BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4, as RoBERTa has them
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4
 UNIGRAM_SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0..2, as T5 has them
@@ -111,9 +110,9 @@ def get_trainer(kind):
 
 
 def check_output_dir(output_dir, overwrite):
-    """Refuse to replace a tokenizer already in output_dir unless told to."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise UserError(f"--output_dir {output_dir} is a file; pass a directory")
+    """Before training: refuse to replace a tokenizer already in output_dir unless told to, and fail at once
+    when output_dir cannot be written (a file, a read-only directory)."""
+    check_writable_dir(output_dir)
     present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(output_dir, f))]
     if present and not overwrite:
         raise UserError(f"--output_dir {output_dir} already holds a tokenizer ({', '.join(present)}); "
@@ -121,10 +120,16 @@ def check_output_dir(output_dir, overwrite):
 
 
 def save_tokenizer(tokenizer, output_dir):
-    """Save into output_dir, first removing stale tokenizer files (only those; nothing else is touched)."""
+    """Save into output_dir, replacing the tokenizer files there (only those; nothing else is touched).
+
+    The new files are written to a temporary directory inside output_dir first and then moved in, so a save
+    that fails (a full disk) leaves the old tokenizer whole; old tokenizer files the new one lacks go."""
     os.makedirs(output_dir, exist_ok=True)
-    for f in TOKENIZER_FILES:
-        path = os.path.join(output_dir, f)
-        if os.path.isfile(path):
-            os.remove(path)
-    tokenizer.save_pretrained(output_dir)
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".tokenizer-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        new = os.listdir(tmp)
+        for f in TOKENIZER_FILES:
+            if f not in new and os.path.isfile(os.path.join(output_dir, f)):
+                os.remove(os.path.join(output_dir, f))
+        for f in new:
+            os.replace(os.path.join(tmp, f), os.path.join(output_dir, f))

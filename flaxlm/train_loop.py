@@ -4,6 +4,10 @@ One jitted train step over the device mesh (params replicated, batch split), gra
 inside the step, loss normalized by the global count of target tokens, a fresh dropout key per step,
 periodic logging (loss, tokens/s, MFU), evaluation over the whole validation set, Orbax checkpoints
 and exact resume. What differs between objectives comes in as an Objective.
+
+A run survives: SIGTERM/SIGINT saves and exits 0 (flaxlm.preemption), a non-finite step is never
+applied and stops the run past --skip_nonfinite_steps (flaxlm.divergence), resume skips unreadable
+checkpoints, and the disk is checked for room before the first step (flaxlm.checkpoint).
 """
 import dataclasses
 import math
@@ -18,9 +22,11 @@ from tqdm.auto import tqdm
 
 from flaxlm import mesh as meshlib
 from flaxlm.batches import eval_batches
-from flaxlm.checkpoint import Checkpointer, resolve_resume
+from flaxlm.checkpoint import Checkpointer, check_room, restore_for_resume
+from flaxlm.divergence import NonFiniteSteps, guard_update
 from flaxlm.errors import UserError
 from flaxlm.flops import device_peak_flops
+from flaxlm.preemption import Preempted, StopOnSignal
 
 
 @dataclasses.dataclass
@@ -60,12 +66,14 @@ def make_train_step(loss_sums, tx, accum_steps):
             (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum_steps), batch))
         count = jnp.maximum(sums["weight_sum"], 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)  # loss = sum over the global batch / global count
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
-                     "opt_state": opt_state}
         metrics = {k.removesuffix("_sum"): v / count for k, v in sums.items() if k != "weight_sum"}
         metrics["grad_norm"] = optax.tree.norm(grads)
-        return new_state, metrics
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_params, opt_state = guard_update(finite, (optax.apply_updates(params, updates), opt_state),
+                                             (params, state["opt_state"]))  # a NaN/Inf step changes nothing
+        metrics["finite"] = finite
+        return {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state}, metrics
     return step
 
 
@@ -90,7 +98,7 @@ def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
     for i, (chunk, real) in enumerate(tqdm(eval_batches(rows, global_batch, local, objective.pad_id),
                                            total=n_batches, desc="eval", leave=False,
                                            disable=jax.process_index() != 0)):
-        batch = objective.collate(chunk, np.random.default_rng([seed, 2, i]))
+        batch = objective.collate(chunk, collate_rng(seed, 2, i))
         w = batch[objective.weights_key]
         batch[objective.weights_key] = w * real.reshape(-1, *[1] * (w.ndim - 1)).astype(w.dtype)
         sums = eval_step(params, meshlib.to_device_batch(batch, sharding))
@@ -114,19 +122,23 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     batch_sharding = meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0)
     repl = meshlib.replicated(mesh)
 
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-    state = jax.device_put(state, repl)
+    from flaxlm.sharding import gather_to_host_readable, state_shardings  # --sharding: data or fsdp
+    def new_state(p):  # built inside jit: each device creates only its part of the optimizer state
+        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
+    shardings = state_shardings(jax.eval_shape(new_state, params), mesh, args.sharding)
+    state = jax.jit(new_state, out_shardings=shardings)(jax.device_put(params, shardings["params"]))
     train_step = jax.jit(make_train_step(objective.loss_sums, tx, accum),
-                         in_shardings=(repl, batch_sharding, repl), out_shardings=(repl, repl), donate_argnums=0)
-    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None), in_shardings=(repl, meshlib.batch_sharding(mesh)),
-                        out_shardings=repl)
+                         in_shardings=(shardings, batch_sharding, repl), out_shardings=(shardings, repl),
+                         donate_argnums=0)
+    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None),
+                        in_shardings=(shardings["params"], meshlib.batch_sharding(mesh)), out_shardings=repl)
 
-    checkpointer = Checkpointer(args.output_dir, max_to_keep=args.save_total_limit)
+    checkpointer = Checkpointer(args.output_dir, max_to_keep=args.save_total_limit,
+                                background=args.async_checkpointing)
     seed, start = args.seed, 0
     if args.resume_from_checkpoint:
-        start, resume_dir = resolve_resume(args.resume_from_checkpoint, args.output_dir)
-        source = checkpointer if resume_dir == args.output_dir else Checkpointer(resume_dir)
-        state, meta = source.restore(start, state)
+        start, state, meta, resume_dir = restore_for_resume(args.resume_from_checkpoint, checkpointer, state)
+        log.drop_after(start)  # rows a killed run logged past its last checkpoint are redone
         if meta.get("global_batch") != global_batch or meta.get("num_train_rows") != _num_rows(train_rows):
             raise UserError(f"checkpoint {start} was written with global batch {meta.get('global_batch')} over "
                             f"{meta.get('num_train_rows')} training rows, this run has {global_batch} over "
@@ -146,6 +158,10 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     base_key = jax.random.PRNGKey(seed)
     eval_every = args.eval_steps or args.logging_steps
     pending, t_mark, timed = [], None, 0
+    unchecked = []  # (step, device metrics) whose finiteness the host has not read yet
+    nonfinite = NonFiniteSteps(args.skip_nonfinite_steps, checkpointer.newest_description)
+    if start < total_steps:
+        check_room(args.output_dir, state, args.save_total_limit)
     bar = tqdm(total=total_steps, initial=start, desc="train", dynamic_ncols=True,
                disable=jax.process_index() != 0)
 
@@ -160,42 +176,71 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         _say(f"step {done}: {split} loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}, "
              f"perplexity {result['perplexity']:.2f}")
 
+    def check_finite(keep_last):
+        """Read the finiteness of the steps run so far (all but the newest one while it may still run)."""
+        while len(unchecked) > keep_last:
+            step, metrics = unchecked.pop(0)
+            nonfinite.check(step, jax.device_get(metrics))
+
+    def log_train(done):
+        nonlocal pending, timed, t_mark
+        host = jax.device_get(pending)
+        good = [m for m in host if m["finite"]]
+        row = {k: float(np.mean([m[k] for m in good or host])) for k in host[0] if k != "finite"}
+        if len(good) < len(host):  # skipped steps do not enter the averages
+            row["skipped_steps"] = len(host) - len(good)
+        row["learning_rate"] = float(schedule(done - 1))
+        if timed:
+            elapsed = time.perf_counter() - t_mark
+            row["tokens_per_s"] = tokens_per_step * timed / elapsed
+            row["step_ms"] = 1000 * elapsed / timed
+            if peak_total:
+                row["mfu"] = flops_per_step * timed / elapsed / peak_total
+        log.write(done, "train", row)
+        bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row.get('tokens_per_s', 0):.0f}")
+        pending, timed, t_mark = [], 0, time.perf_counter()
+
     try:
-        if args.eval_at_start and start == 0 and args.do_eval and eval_rows is not None:
-            run_eval(0)
-        for step in range(start, total_steps):
-            rows = train_rows.batch_rows(step, local)
-            batch = objective.collate(rows, np.random.default_rng([seed, 1, step]))
-            if accum > 1:
-                batch = {k: v.reshape(accum, -1, *v.shape[1:]) for k, v in batch.items()}
-            batch = meshlib.to_device_batch(batch, batch_sharding)
-            state, metrics = train_step(state, batch, jax.random.fold_in(base_key, step))
-            pending.append(metrics)
-            done = step + 1
-            bar.update(1)
-            if t_mark is None:  # the first step compiles: time from its end
-                jax.block_until_ready(metrics)
-                t_mark, timed = time.perf_counter(), 0
-            else:
-                timed += 1
-            if done % args.logging_steps == 0 or done == total_steps:
-                host = jax.device_get(pending)
-                row = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-                row["learning_rate"] = float(schedule(done - 1))
-                if timed:
-                    elapsed = time.perf_counter() - t_mark
-                    row["tokens_per_s"] = tokens_per_step * timed / elapsed
-                    row["step_ms"] = 1000 * elapsed / timed
-                    if peak_total:
-                        row["mfu"] = flops_per_step * timed / elapsed / peak_total
-                log.write(done, "train", row)
-                bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row.get('tokens_per_s', 0):.0f}")
-                pending, timed, t_mark = [], 0, time.perf_counter()
-            if args.do_eval and eval_rows is not None and (done % eval_every == 0 or done == total_steps):
-                run_eval(done)
-                t_mark = time.perf_counter()  # do not count eval time as train time
-            if done % args.save_steps == 0 or done == total_steps:
-                save(done)
+        with StopOnSignal() as stop:
+            if args.eval_at_start and start == 0 and args.do_eval and eval_rows is not None:
+                run_eval(0)
+            for step in range(start, total_steps):
+                rows = train_rows.batch_rows(step, local)
+                batch = objective.collate(rows, collate_rng(seed, 1, step))
+                if accum > 1:
+                    batch = {k: v.reshape(accum, -1, *v.shape[1:]) for k, v in batch.items()}
+                batch = meshlib.to_device_batch(batch, batch_sharding)
+                state, metrics = train_step(state, batch, jax.random.fold_in(base_key, step))
+                done = step + 1
+                pending.append(metrics)
+                unchecked.append((done, metrics))
+                check_finite(keep_last=1)  # the previous step's flag: reading it does not stall this one
+                bar.update(1)
+                if t_mark is None:  # the first step compiles: time from its end
+                    jax.block_until_ready(metrics)
+                    t_mark, timed = time.perf_counter(), 0
+                else:
+                    timed += 1
+                if done % args.logging_steps == 0 or done == total_steps:
+                    check_finite(keep_last=0)
+                    log_train(done)
+                if args.do_eval and eval_rows is not None and (done % eval_every == 0 or done == total_steps):
+                    run_eval(done)
+                    t_mark = time.perf_counter()  # do not count eval time as train time
+                if done % args.save_steps == 0 or done == total_steps:
+                    save(done)
+                if done < total_steps and stop.requested():
+                    if pending:
+                        log_train(done)
+                    if done % args.save_steps:
+                        save(done)
+                    checkpointer.close()  # the checkpoint is on disk before we say so
+                    bar.close()
+                    _say(f"{stop.name}: stopped after step {done} of {total_steps} and saved it to "
+                         f"{checkpointer.path(done)}; to continue, rerun the same command with "
+                         f"--resume_from_checkpoint latest")
+                    raise Preempted()
+            check_finite(keep_last=0)
     finally:  # a save in flight completes even when the loop dies
         checkpointer.close()
     bar.close()
@@ -203,7 +248,15 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         run_eval(start)
     if test_rows is not None:
         run_eval(max(start, total_steps), "test", test_rows)
-    return state["params"]
+    return gather_to_host_readable(state["params"])  # fsdp over hosts: whole arrays for the export
+
+
+def collate_rng(seed, split, index):
+    """The generator for the masking / span corruption of one batch. Each process collates only its own rows,
+    so on a multi-host run the process index is part of the seed: otherwise every process would draw the
+    same masks for its rows (correlated across the global batch)."""
+    key = [seed, split, index] + ([jax.process_index()] if jax.process_count() > 1 else [])
+    return np.random.default_rng(key)
 
 
 def _accum_slice(local, micro_batch, accum):

@@ -34,3 +34,15 @@ def corpus(tmp_path_factory):
     small = d / "train_small.txt"
     small.write_text("".join(lines), encoding="utf-8")
     return {"train": str(small), "validation": paths["validation"]}
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory, corpus):
+    """Our BPE tokenizer (304 tokens: divisible by 8 devices) and a gpt2-tiny config beside it."""
+    import create_config
+    import train_tokenizer
+    d = str(tmp_path_factory.mktemp("tiny_gpt2"))
+    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "304",
+                          "--model_max_length", "64", "--output_dir", d])
+    create_config.main(["--preset", "gpt2-tiny", "--output_dir", d])
+    return d

@@ -1,6 +1,7 @@
 """Helpers the end-to-end run tests share."""
 import json
 import os
+import socket
 
 import pytest
 
@@ -62,3 +63,10 @@ def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_st
     resumed = read_metrics(tmp_path / "resumed")
     assert [r["step"] for r in resumed] == list(range(1, steps + 1))
     assert [r["loss"] for r in resumed] == pytest.approx(straight, rel=1e-6)
+
+
+def free_port():
+    """A TCP port free on localhost now (for a jax.distributed coordinator)."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]

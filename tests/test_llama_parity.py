@@ -148,7 +148,7 @@ def test_kv_cache_matches_full_forward(case):
     full = models.apply_model(graphdef, params, ids, mask, pos)
     step = jax.jit(lambda p, *a, cache: models.apply_model(graphdef, p, *a, cache=cache))
     cache = models.merge_model(graphdef, params).init_cache(3, 24)
-    assert cache["k"][0].shape == (3, 24, config.num_key_value_heads, config.head_dim)
+    assert cache["k"][0].shape == (3 * config.num_key_value_heads, config.head_dim, 24)  # [B * K, H, S]
     logits, cache = step(params, ids[:, :8], mask[:, :8], pos[:, :8], cache=cache)
     out = [logits]
     for t in range(8, ids.shape[1]):

@@ -5,6 +5,7 @@
     logits = apply_model(graphdef, params, ids_BL, mask_BL, masked_positions_BP=pos_BP, dropout_key=key)  # BERT
     logits = apply_model(graphdef, params, ids_BL, mask_BL, decoder_ids_BT, dropout_key=key)  # T5
     logits = apply_model(graphdef, params, ids_BL, mask_BL, positions_BL, dropout_key=key)  # causal LMs
+    h, head = apply_hidden(graphdef, params, ...same arguments...)  # the head's input rows and the head itself
 """
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,13 @@ def apply_model(graphdef, params, *args, **kwargs):
     return merge_model(graphdef, params)(*args, **kwargs)
 
 
+def apply_hidden(graphdef, params, *args, **kwargs):
+    """(h, head): the rows the LM head would multiply (the model called with hidden=True) and the head
+    (layers.LMHead), for a loss that fuses the head with the cross-entropy (flaxlm.lm_loss)."""
+    model = merge_model(graphdef, params)
+    return model(*args, hidden=True, **kwargs), model.head()
+
+
 def decay_mask(params):
     """True where weight decay applies (kernels, embeddings); False for every bias and LayerNorm scale/bias."""
     def walk(tree):
@@ -82,7 +90,8 @@ def abstract_model(config, dtype="float32"):
 from flaxlm.models.hf_io import (  # noqa: E402  (hf_io uses the functions above)
     from_hf_state_dict, load_config, load_pretrained, save_pretrained, to_hf_state_dict)
 
-__all__ = ["MODELS", "CAUSAL_LM_TYPES", "create_model", "split_model", "merge_model", "apply_model", "decay_mask",
+__all__ = ["MODELS", "CAUSAL_LM_TYPES", "create_model", "split_model", "merge_model", "apply_model", "apply_hidden",
+           "decay_mask",
            "count_params",
            "abstract_model", "load_config", "load_pretrained", "save_pretrained", "to_hf_state_dict",
            "from_hf_state_dict"]

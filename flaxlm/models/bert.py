@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key
+from flaxlm.models.layers import LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key
 
 
 def roberta_position_ids(ids_BL, pad_id):
@@ -107,9 +107,14 @@ class MlmHead(nnx.Module):
         self.act = "gelu" if config.model_type == "roberta" else config.hidden_act
         self.dtype = dtype
 
+    def transform(self, x_BPD):
+        """The rows [B, P, D] that the tied decoder multiplies: dense -> activation -> LayerNorm."""
+        B, P, D = x_BPD.shape
+        return self.norm(activation(self.act)(self.dense(x_BPD.reshape(B * P, D)))).reshape(B, P, D)  # M = B * P
+
     def __call__(self, x_BPD, word_embeddings_VD):
         (B, P, D), V = x_BPD.shape, word_embeddings_VD.shape[0]
-        h_MD = self.norm(activation(self.act)(self.dense(x_BPD.reshape(B * P, D))))  # 2-D matmuls, M = B * P
+        h_MD = self.transform(x_BPD).reshape(B * P, D)
         logits_MV = jnp.einsum("md,vd->mv", h_MD.astype(self.dtype), word_embeddings_VD.astype(self.dtype),
                                preferred_element_type=jnp.float32)
         return (logits_MV + self.bias[...]).reshape(B, P, V)
@@ -130,8 +135,9 @@ class BertForMaskedLM(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *,
-                 masked_positions_BP=None, dropout_key=None):
-        """Logits (float32) [B, L, V], or [B, P, V] at masked_positions_BP; dropout_key=None is eval mode."""
+                 masked_positions_BP=None, dropout_key=None, hidden=False):
+        """Logits (float32) [B, L, V], or [B, P, V] at masked_positions_BP; dropout_key=None is eval mode.
+        With hidden=True the rows [B, L or P, D] that the tied decoder multiplies instead (see head())."""
         if token_type_ids_BL is None:
             token_type_ids_BL = jnp.zeros_like(input_ids_BL)
         x_BLD = self.embeddings(input_ids_BL, token_type_ids_BL, fold_key(dropout_key, 0))
@@ -142,4 +148,10 @@ class BertForMaskedLM(nnx.Module):
                           masked_positions_BP if i == last else None)
         if masked_positions_BP is not None and last < 0:
             x_BLD = gather_rows(x_BLD, masked_positions_BP)
+        if hidden:
+            return self.mlm_head.transform(x_BLD)
         return self.mlm_head(x_BLD, self.embeddings.word.embedding[...])
+
+    def head(self):
+        """The MLM head's decoder: the word embeddings (tied) and the output bias."""
+        return LMHead(self.embeddings.word.embedding[...], True, self.dtype, self.mlm_head.bias[...])

@@ -7,6 +7,7 @@ family shares:
     logits_BLV = model(ids_BL, mask_BL=None, positions_BL=None, dropout_key=key)   # causal, training / eval
     cache = model.init_cache(batch, length)                                        # for generation
     logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
+    h_BLD = model(ids_BL, dropout_key=key, hidden=True); head = model.head()       # for a fused head + loss
 """
 import math
 
@@ -15,8 +16,8 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
-from flaxlm.models.layers import (LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key, lm_logits,
-                                  split_last)
+from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key,
+                                  lm_logits, split_last)
 
 
 def embed(n, d, std, rngs):
@@ -44,8 +45,7 @@ class Attention(nnx.Module):
             o_BTNH = attention(q_BTNH, k_BTNH, v_BTNH, mask_BL, causal=True, scale=self.scale,
                                dropout_rate=self.dropout_rate, dropout_key=key)
         else:
-            kv = kv_cache.write(*kv, k_BTNH, v_BTNH, index)
-            o_BTNH = attention(q_BTNH, *kv, visible_BTS, scale=self.scale)
+            o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTNH, v_BTNH, index, visible_BTS, scale=self.scale)
         return self.out(o_BTNH.reshape(B * T, D)), kv
 
 
@@ -94,7 +94,10 @@ class GPT2LMHeadModel(nnx.Module):
     def init_cache(self, batch, length):
         return kv_cache.init_cache(len(self.layers), batch, length, self.num_heads, self.head_dim, self.dtype)
 
-    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None):
+    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None,
+                 hidden=False):
+        """Logits [B, L, V] (float32), or with hidden=True the final hidden states [B, L, D] that the head
+        multiplies (see head()); with a cache, (that, the updated cache)."""
         if positions_BL is None:
             positions_BL = kv_cache.default_positions(input_ids_BL, cache)
         x_BLD = self.embed(input_ids_BL) + self.position(positions_BL)
@@ -102,11 +105,16 @@ class GPT2LMHeadModel(nnx.Module):
         x_BLD, cache = kv_cache.run_layers(
             self.layers, x_BLD, attention_mask_BL, cache,
             lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached))
-        logits_BLV = self.logits(self.final_norm(x_BLD))
-        return logits_BLV if cache is None else (logits_BLV, cache)
+        h_BLD = self.final_norm(x_BLD)
+        out = h_BLD if hidden else self.logits(h_BLD)
+        return out if cache is None else (out, cache)
+
+    def head(self):
+        """The LM head: the token embeddings (tied) or lm_head's kernel."""
+        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
     def logits(self, h_BLD):
         """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
         B, L, D = h_BLD.shape
-        weight = self.embed.embedding[...] if self.tied else self.lm_head.kernel[...]
-        return lm_logits(h_BLD.reshape(B * L, D), weight, self.tied, self.dtype).reshape(B, L, -1)
+        head = self.head()
+        return lm_logits(h_BLD.reshape(B * L, D), head.weight, head.tied, head.dtype).reshape(B, L, -1)

@@ -490,9 +490,18 @@ def load_config(path):
     if not os.path.isfile(file):
         raise UserError(f"no config.json in {path}; pass a model directory (create one with create_config.py)")
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        with open(file, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON (the message says where)
+        raise UserError(f"invalid config.json in {path}: not JSON ({e}); fix it or write a new one with "
+                        f"create_config.py") from None
+    if not isinstance(data, dict):
+        raise UserError(f"invalid config.json in {path}: a JSON {type(data).__name__}, not an object of config "
+                        f"keys; fix it or write a new one with create_config.py")
+    try:  # flaxlm runs its own model code only: a config's custom (hub) code is never needed, nor run
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # no or unknown model_type, a value of the wrong type: transformers' own errors
+        reason = " ".join(str(e).split())[:300] or type(e).__name__
         raise UserError(f"invalid config.json in {path} ({reason}); fix or regenerate it") from None
 
 

@@ -3,7 +3,7 @@ decode step has the same shapes and compiles once.
 
     cache = init_cache(layers, batch, length, kv_heads, head_dim, dtype)
     cache, visible_BTS = start_step(cache, mask_BT)       # new tokens' padding mask -> what each query sees
-    k_BSKH, v_BSKH = write(cache["k"][i], cache["v"][i], k_BTKH, v_BTKH, cache["index"])  # per layer
+    o_BTNH, kv = attend(q_BTNH, (cache["k"][i], cache["v"][i]), k_BTKH, v_BTKH, cache["index"], visible_BTS)
     cache = finish_step(cache, ks, vs, T)                 # the layers' updated tensors, index advanced by T
 
 A query at slot q sees the real (unpadded) keys at slots <= q, and always itself, so that a padding
@@ -14,8 +14,11 @@ import jax.numpy as jnp
 
 
 def init_cache(num_layers, batch, length, kv_heads, head_dim, dtype):
-    zeros_BSKH = jnp.zeros((batch, length, kv_heads, head_dim), dtype)
-    return {"k": [zeros_BSKH] * num_layers, "v": [zeros_BSKH] * num_layers,
+    """Per layer, keys [B * K, H, S] and values [B * K, S, H] (see attend), the slots' mask and the index."""
+    k_MHS = (batch * kv_heads, head_dim, length)
+    v_MSH = (batch * kv_heads, length, head_dim)
+    return {"k": [jnp.zeros(k_MHS, dtype) for _ in range(num_layers)],
+            "v": [jnp.zeros(v_MSH, dtype) for _ in range(num_layers)],
             "mask": jnp.zeros((batch, length), bool), "index": jnp.zeros((), jnp.int32)}
 
 
@@ -30,11 +33,34 @@ def start_step(cache, mask_BT):
     return {**cache, "mask": mask_BS}, visible_BTS
 
 
-def write(k_cache_BSKH, v_cache_BSKH, k_BTKH, v_BTKH, index):
-    """The layer's cache with the new keys and values written at slots index .. index + T - 1."""
+def attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS, scale=None):
+    """One layer's cached attention: the new keys and values written into its cache at slots index ..
+    index + T - 1, then softmax(q k^T * scale) v over the visible slots (scale defaults to H**-0.5).
+    Returns (o_BTNH, the updated kv).
+
+    Keys are cached as [M, H, S] and values as [M, S, H], M = B * K (K key/value heads, each serving
+    G = N / K query heads): 3-D arrays in the layouts the two attention matmuls read as they are, so that
+    XLA updates them in place. A [B, S, K, H] cache was transposed whole at every decode step and a 4-D
+    one copied (the matmul's reshape to 3-D defeats the in-place update), which made a token at
+    position 500 cost twice one at position 50."""
+    k_cache_MHS, v_cache_MSH = kv
+    (B, T, N, H), K = q_BTNH.shape, k_BTKH.shape[2]
+    G, M, dtype = N // K, B * K, k_cache_MHS.dtype
     update = jax.lax.dynamic_update_slice_in_dim
-    return (update(k_cache_BSKH, k_BTKH.astype(k_cache_BSKH.dtype), index, axis=1),
-            update(v_cache_BSKH, v_BTKH.astype(v_cache_BSKH.dtype), index, axis=1))
+    k_MHT = k_BTKH.transpose(0, 2, 3, 1).reshape(M, H, T).astype(dtype)
+    v_MTH = v_BTKH.transpose(0, 2, 1, 3).reshape(M, T, H).astype(dtype)
+    k_cache_MHS = update(k_cache_MHS, k_MHT, index, axis=2)
+    v_cache_MSH = update(v_cache_MSH, v_MTH, index, axis=1)
+    scale = H ** -0.5 if scale is None else scale
+    q_MQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(M, G * T, H).astype(dtype)  # Q = G * T
+    logits_MQS = jnp.einsum("mqh,mhs->mqs", q_MQH, k_cache_MHS, preferred_element_type=jnp.float32) * scale
+    S = logits_MQS.shape[-1]
+    logits_BKGTS = jnp.where(visible_BTS[:, None, None], logits_MQS.reshape(B, K, G, T, S),
+                             jnp.finfo(jnp.float32).min)
+    probs_MQS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(dtype).reshape(M, G * T, S)
+    o_MQH = jnp.einsum("mqs,msh->mqh", probs_MQS, v_cache_MSH)
+    o_BTNH = o_MQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(q_BTNH.dtype)
+    return o_BTNH, (k_cache_MHS, v_cache_MSH)
 
 
 def finish_step(cache, ks, vs, T):

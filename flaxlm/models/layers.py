@@ -4,6 +4,7 @@ Shape suffixes: B batch, L/T query length, S key length, D model width, N heads,
 """
 import functools
 import math
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +123,15 @@ def lm_logits(h_MD, weight, tied, dtype):
     untied head's kernel [D, V], multiplied in dtype."""
     pattern = "md,vd->mv" if tied else "md,dv->mv"
     return jnp.einsum(pattern, h_MD.astype(dtype), weight.astype(dtype), preferred_element_type=jnp.float32)
+
+
+class LMHead(NamedTuple):
+    """A model's LM head as a loss that fuses it takes it (flaxlm.lm_loss): logits = lm_logits(h, weight, tied,
+    dtype) (+ bias), where h are the rows the model returns with hidden=True (any scaling already applied)."""
+    weight: jax.Array  # the token embeddings [V, D] when tied, else the head's kernel [D, V]
+    tied: bool
+    dtype: Any  # the compute dtype of the matmul (float32 results)
+    bias: Optional[jax.Array] = None  # [V], added to the logits (BERT's MLM head)
 
 
 class LayerNorm(nnx.LayerNorm):

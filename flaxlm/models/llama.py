@@ -7,6 +7,7 @@ concatenated at compute time into one matmul each. The decoder-only interface is
     logits_BLV = model(ids_BL, mask_BL=None, positions_BL=None, dropout_key=key)   # causal, training / eval
     cache = model.init_cache(batch, length)                                        # K heads of head_dim
     logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
+    h_BLD = model(ids_BL, dropout_key=key, hidden=True); head = model.head()       # for a fused head + loss
 
 Shape suffixes as in layers.py, plus K key/value heads, X concatenated projections, R = H / 2 rotary frequencies.
 """
@@ -19,7 +20,7 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.gpt2 import embed
-from flaxlm.models.layers import activation, attention, compute_dtype, dense, fold_key, lm_logits, split_last
+from flaxlm.models.layers import LMHead, activation, attention, compute_dtype, dense, fold_key, lm_logits, split_last
 from flaxlm.models.t5 import RMSNorm  # T5LayerNorm == LlamaRMSNorm: float32 statistics, no mean, no bias
 
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -107,8 +108,7 @@ class Attention(nnx.Module):
             o_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
                                dropout_key=key)
         else:
-            kv = kv_cache.write(*kv, k_BTKH, v_BTKH, index)
-            o_BTNH = attention(q_BTNH, *kv, visible_BTS)
+            o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS)
         return self.o_proj(o_BTNH.reshape(B * T, N * H)), kv
 
 
@@ -167,7 +167,10 @@ class LlamaForCausalLM(nnx.Module):
     def init_cache(self, batch, length):
         return kv_cache.init_cache(len(self.layers), batch, length, self.kv_heads, self.head_dim, self.dtype)
 
-    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None):
+    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None,
+                 hidden=False):
+        """Logits [B, L, V] (float32), or with hidden=True the final hidden states [B, L, D] that the head
+        multiplies (see head()); with a cache, (that, the updated cache)."""
         if positions_BL is None:
             positions_BL = kv_cache.default_positions(input_ids_BL, cache)
         x_BLD = self.embed(input_ids_BL).astype(self.dtype)
@@ -175,11 +178,16 @@ class LlamaForCausalLM(nnx.Module):
             self.layers, x_BLD, attention_mask_BL, cache,
             lambda i, layer, x, *cached: layer(x, positions_BL, self.inv_freq, attention_mask_BL,
                                                fold_key(dropout_key, i), *cached))
-        logits_BLV = self.logits(self.final_norm(x_BLD))
-        return logits_BLV if cache is None else (logits_BLV, cache)
+        h_BLD = self.final_norm(x_BLD)
+        out = h_BLD if hidden else self.logits(h_BLD)
+        return out if cache is None else (out, cache)
+
+    def head(self):
+        """The LM head: lm_head's kernel, or the token embeddings when tied."""
+        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
     def logits(self, h_BLD):
         """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
         B, L, D = h_BLD.shape
-        weight = self.embed.embedding[...] if self.tied else self.lm_head.kernel[...]
-        return lm_logits(h_BLD.reshape(B * L, D), weight, self.tied, self.dtype).reshape(B, L, -1)
+        head = self.head()
+        return lm_logits(h_BLD.reshape(B * L, D), head.weight, head.tied, head.dtype).reshape(B, L, -1)

@@ -3,14 +3,16 @@ the token embeddings, optionally narrower than the model (word_embed_proj_dim, w
 
 Configured by a transformers OPTConfig; the parameters map 1:1 to OPTForCausalLM's. The decoder-only interface
 of flaxlm.models.gpt2: model(ids_BL, mask_BL, positions_BL, dropout_key=key), model.init_cache(batch, length),
-model(ids_BT, mask_BT, positions_BT, cache=cache) -> (logits_BTV, cache). Positions are 0-based.
+model(ids_BT, mask_BT, positions_BT, cache=cache) -> (logits_BTV, cache), model(ids_BL, hidden=True) and
+model.head() for a fused head + loss. Positions are 0-based.
 """
 from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.gpt2 import embed
-from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, fold_key, lm_logits
+from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key,
+                                  lm_logits)
 
 POSITION_OFFSET = 2  # OPT's embed_positions table has 2 extra leading rows; position p uses row p + 2
 
@@ -38,8 +40,7 @@ class Attention(nnx.Module):
             o_BTNH = attention(q_BTNH, k_BTNH, v_BTNH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
                                dropout_key=key)
         else:
-            kv = kv_cache.write(*kv, k_BTNH, v_BTNH, index)
-            o_BTNH = attention(q_BTNH, *kv, visible_BTS)
+            o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTNH, v_BTNH, index, visible_BTS)
         return self.out(o_BTNH.reshape(B * T, D)), kv
 
 
@@ -103,7 +104,10 @@ class OPTForCausalLM(nnx.Module):
     def init_cache(self, batch, length):
         return kv_cache.init_cache(len(self.layers), batch, length, self.num_heads, self.head_dim, self.dtype)
 
-    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None):
+    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None,
+                 hidden=False):
+        """Logits [B, L, V] (float32), or with hidden=True the rows [B, L, W] that the head multiplies (after
+        the final norm and project_out; see head()); with a cache, (that, the updated cache)."""
         if positions_BL is None:
             positions_BL = kv_cache.default_positions(input_ids_BL, cache)
         e_BLW = self.embed(input_ids_BL)
@@ -113,14 +117,23 @@ class OPTForCausalLM(nnx.Module):
         x_BLD, cache = kv_cache.run_layers(
             self.layers, x_BLD, attention_mask_BL, cache,
             lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached))
-        logits_BLV = self.logits(x_BLD if self.final_norm is None else self.final_norm(x_BLD))
-        return logits_BLV if cache is None else (logits_BLV, cache)
+        h_BLW = self.head_input(x_BLD if self.final_norm is None else self.final_norm(x_BLD))
+        out = h_BLW if hidden else self.logits(h_BLW)
+        return out if cache is None else (out, cache)
 
-    def logits(self, h_BLD):
-        """float32 logits [B, L, V] from the final hidden states (after the final norm, before project_out)."""
+    def head_input(self, h_BLD):
+        """The final hidden states (after the final norm) in the embedding width: project_out applied."""
+        if not self.projected:
+            return h_BLD
         B, L, D = h_BLD.shape
-        h_MW = h_BLD.reshape(B * L, D).astype(self.dtype)
-        if self.projected:
-            h_MW = self.project_out(h_MW)
-        weight = self.embed.embedding[...] if self.tied else self.lm_head.kernel[...]
-        return lm_logits(h_MW, weight, self.tied, self.dtype).reshape(B, L, -1)
+        return self.project_out(h_BLD.reshape(B * L, D).astype(self.dtype)).reshape(B, L, -1)
+
+    def head(self):
+        """The LM head: the token embeddings (tied) or lm_head's kernel."""
+        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
+
+    def logits(self, h_BLW):
+        """float32 logits [B, L, V] from head_input's rows (a 2-D matmul over the B * L rows)."""
+        B, L, W = h_BLW.shape
+        head = self.head()
+        return lm_logits(h_BLW.reshape(B * L, W), head.weight, head.tied, head.dtype).reshape(B, L, -1)

@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models.layers import activation, compute_dtype, dense, dropout, fold_key, split_last
+from flaxlm.models.layers import LMHead, activation, compute_dtype, dense, dropout, fold_key, lm_logits, split_last
 
 
 def ties_embeddings(config):
@@ -266,6 +266,8 @@ class T5ForConditionalGeneration(nnx.Module):
         logits_BTV = model(input_ids_BL, attention_mask_BL, decoder_input_ids_BT)   # teacher forcing
         enc_BLD = model.encode(input_ids_BL, attention_mask_BL)                      # for generation
         logits_BTV = model.decode(decoder_input_ids_BT, enc_BLD, attention_mask_BL)
+        h_BTD = model(input_ids_BL, attention_mask_BL, decoder_input_ids_BT, hidden=True)  # for a fused
+        head = model.head()                                                                # head + loss
     """
 
     def __init__(self, config, *, dtype="float32", rngs):
@@ -292,23 +294,29 @@ class T5ForConditionalGeneration(nnx.Module):
         return self.encoder(x_BLD, attention_mask_BL, dropout_key)
 
     def decode(self, decoder_input_ids_BT, enc_BLD, attention_mask_BL=None, decoder_attention_mask_BT=None,
-               dropout_key=None):
-        """Logits (float32) [B, T, V] of the decoder over enc_BLD (attention_mask_BL: the encoder's padding)."""
+               dropout_key=None, hidden=False):
+        """Logits (float32) [B, T, V] of the decoder over enc_BLD (attention_mask_BL: the encoder's padding);
+        with hidden=True the rows [B, T, D] that the head multiplies instead (see head()): the decoder output,
+        scaled by d_model**-0.5 when the head is tied."""
         y_BTD = self.shared(decoder_input_ids_BT).astype(self.dtype)
         h_BTD = self.decoder(y_BTD, decoder_attention_mask_BT, dropout_key, enc_BLD, attention_mask_BL)
         if self.tied:
-            w_VD = self.shared.embedding[...].astype(self.dtype)
-            return jnp.einsum("btd,vd->btv", h_BTD * jnp.asarray(self.d_model ** -0.5, self.dtype), w_VD,
-                              preferred_element_type=jnp.float32)
-        w_DV = self.lm_head.kernel[...].astype(self.dtype)
-        return jnp.einsum("btd,dv->btv", h_BTD, w_DV, preferred_element_type=jnp.float32)
+            h_BTD = h_BTD * jnp.asarray(self.d_model ** -0.5, self.dtype)
+        if hidden:
+            return h_BTD
+        (B, T, D), head = h_BTD.shape, self.head()
+        return lm_logits(h_BTD.reshape(B * T, D), head.weight, head.tied, head.dtype).reshape(B, T, -1)
+
+    def head(self):
+        """The LM head: the shared embeddings (original T5) or lm_head's kernel (v1.1)."""
+        return LMHead(self.shared.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
     def __call__(self, input_ids_BL, attention_mask_BL=None, decoder_input_ids_BT=None,
-                 decoder_attention_mask_BT=None, *, dropout_key=None):
-        """Logits (float32) [B, T, V] for teacher-forced decoder inputs (shift_right of the labels);
-        dropout_key=None is eval mode."""
+                 decoder_attention_mask_BT=None, *, dropout_key=None, hidden=False):
+        """Logits (float32) [B, T, V] for teacher-forced decoder inputs (shift_right of the labels), or
+        with hidden=True the rows the head multiplies (see decode); dropout_key=None is eval mode."""
         if decoder_input_ids_BT is None:
             raise ValueError("T5 needs decoder_input_ids_BT: the labels shifted right (t5.shift_right)")
         enc_BLD = self.encode(input_ids_BL, attention_mask_BL, fold_key(dropout_key, 0))
         return self.decode(decoder_input_ids_BT, enc_BLD, attention_mask_BL, decoder_attention_mask_BT,
-                           fold_key(dropout_key, 1))
+                           fold_key(dropout_key, 1), hidden)
