@@ -17,7 +17,7 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key,
-                                  lm_logits, split_last)
+                                  split_last)
 
 
 def embed(n, d, std, rngs):
@@ -106,15 +106,10 @@ class GPT2LMHeadModel(nnx.Module):
             self.layers, x_BLD, attention_mask_BL, cache,
             lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached))
         h_BLD = self.final_norm(x_BLD)
-        out = h_BLD if hidden else self.logits(h_BLD)
+        out = h_BLD if hidden else self.head().logits(h_BLD)
         return out if cache is None else (out, cache)
 
     def head(self):
         """The LM head: the token embeddings (tied) or lm_head's kernel."""
         return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
-    def logits(self, h_BLD):
-        """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
-        B, L, D = h_BLD.shape
-        head = self.head()
-        return lm_logits(h_BLD.reshape(B * L, D), head.weight, head.tied, head.dtype).reshape(B, L, -1)

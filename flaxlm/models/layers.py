@@ -133,6 +133,12 @@ class LMHead(NamedTuple):
     dtype: Any  # the compute dtype of the matmul (float32 results)
     bias: Optional[jax.Array] = None  # [V], added to the logits (BERT's MLM head)
 
+    def logits(self, h_BLD):
+        """float32 logits [B, L, V] of the rows h_BLD (one 2-D matmul over the B * L rows)."""
+        B, L, D = h_BLD.shape
+        out_MV = lm_logits(h_BLD.reshape(B * L, D), self.weight, self.tied, self.dtype)
+        return (out_MV if self.bias is None else out_MV + self.bias).reshape(B, L, -1)
+
 
 class LayerNorm(nnx.LayerNorm):
     """LayerNorm with float32 parameters and statistics; returns the input's dtype."""

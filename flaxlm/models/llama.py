@@ -20,7 +20,7 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.gpt2 import embed
-from flaxlm.models.layers import LMHead, activation, attention, compute_dtype, dense, fold_key, lm_logits, split_last
+from flaxlm.models.layers import LMHead, activation, attention, compute_dtype, dense, fold_key, split_last
 from flaxlm.models.t5 import RMSNorm  # T5LayerNorm == LlamaRMSNorm: float32 statistics, no mean, no bias
 
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -179,15 +179,10 @@ class LlamaForCausalLM(nnx.Module):
             lambda i, layer, x, *cached: layer(x, positions_BL, self.inv_freq, attention_mask_BL,
                                                fold_key(dropout_key, i), *cached))
         h_BLD = self.final_norm(x_BLD)
-        out = h_BLD if hidden else self.logits(h_BLD)
+        out = h_BLD if hidden else self.head().logits(h_BLD)
         return out if cache is None else (out, cache)
 
     def head(self):
         """The LM head: lm_head's kernel, or the token embeddings when tied."""
         return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
-    def logits(self, h_BLD):
-        """float32 logits [B, L, V] from the final hidden states (a 2-D matmul over the B * L rows)."""
-        B, L, D = h_BLD.shape
-        head = self.head()
-        return lm_logits(h_BLD.reshape(B * L, D), head.weight, head.tied, head.dtype).reshape(B, L, -1)

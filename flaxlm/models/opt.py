@@ -11,8 +11,7 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.gpt2 import embed
-from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key,
-                                  lm_logits)
+from flaxlm.models.layers import LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key
 
 POSITION_OFFSET = 2  # OPT's embed_positions table has 2 extra leading rows; position p uses row p + 2
 
@@ -118,7 +117,7 @@ class OPTForCausalLM(nnx.Module):
             self.layers, x_BLD, attention_mask_BL, cache,
             lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached))
         h_BLW = self.head_input(x_BLD if self.final_norm is None else self.final_norm(x_BLD))
-        out = h_BLW if hidden else self.logits(h_BLW)
+        out = h_BLW if hidden else self.head().logits(h_BLW)
         return out if cache is None else (out, cache)
 
     def head_input(self, h_BLD):
@@ -132,8 +131,3 @@ class OPTForCausalLM(nnx.Module):
         """The LM head: the token embeddings (tied) or lm_head's kernel."""
         return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
-    def logits(self, h_BLW):
-        """float32 logits [B, L, V] from head_input's rows (a 2-D matmul over the B * L rows)."""
-        B, L, W = h_BLW.shape
-        head = self.head()
-        return lm_logits(h_BLW.reshape(B * L, W), head.weight, head.tied, head.dtype).reshape(B, L, -1)

@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models.layers import LMHead, activation, compute_dtype, dense, dropout, fold_key, lm_logits, split_last
+from flaxlm.models.layers import LMHead, activation, compute_dtype, dense, dropout, fold_key, split_last
 
 
 def ties_embeddings(config):
@@ -304,8 +304,7 @@ class T5ForConditionalGeneration(nnx.Module):
             h_BTD = h_BTD * jnp.asarray(self.d_model ** -0.5, self.dtype)
         if hidden:
             return h_BTD
-        (B, T, D), head = h_BTD.shape, self.head()
-        return lm_logits(h_BTD.reshape(B * T, D), head.weight, head.tied, head.dtype).reshape(B, T, -1)
+        return self.head().logits(h_BTD)
 
     def head(self):
         """The LM head: the shared embeddings (original T5) or lm_head's kernel (v1.1)."""
