@@ -37,7 +37,7 @@ def main(argv=None):
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
 
     meshlib.maybe_initialize_distributed(args)
-    prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
+    prepare_output_dir(args)
     if args.push_to_hub:
         check_hub_access(args.hub_token or model_args.token)
 
@@ -66,7 +66,7 @@ def main(argv=None):
                               max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
     test_rows = held_out_rows(data, "test", source.streaming)
-    start_fresh(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))  # inputs all read
+    start_fresh(args)  # inputs all read
 
     # Train: every token predicted from the ones before it.
     objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id)

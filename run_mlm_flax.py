@@ -32,7 +32,7 @@ def main(argv=None):
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
 
     meshlib.maybe_initialize_distributed(args)
-    prepare_output_dir(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))
+    prepare_output_dir(args)
     if args.push_to_hub:
         check_hub_access(args.hub_token or model_args.token)
 
@@ -59,7 +59,7 @@ def main(argv=None):
                               max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
     test_rows = held_out_rows(data, "test", source.streaming)
-    start_fresh(args.output_dir, args.overwrite_output_dir, bool(args.resume_from_checkpoint))  # inputs all read
+    start_fresh(args)  # inputs all read
 
     # Train: masked tokens predicted at their slots only.
     objective = mlm_objective(graphdef, config, masker, seq_len)

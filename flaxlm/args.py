@@ -106,6 +106,13 @@ class TrainingArgs:
     hub_token: str | None = option(help="token for --push_to_hub")
     peak_flops: float | None = option(help="device peak FLOP/s for MFU (default: known table, measured on CPU)")
     report_to: str | None = option(help="accepted for compatibility; TensorBoard and metrics.jsonl are always written")
+    eval_checkpoints: str | None = option(choices=("latest", "all"),
+                                          help="evaluate the checkpoints of --output_dir instead of training: "
+                                               "'latest' the newest once; 'all' each one as it appears, until the "
+                                               "final step (continuous evaluation beside a running training job); "
+                                               "results go to eval_metrics.jsonl there")
+    eval_timeout: float = option(3600.0, help="with --eval_checkpoints all: stop after this many seconds without "
+                                              "a new checkpoint")
     sharding: str = option("data", choices=("data", "fsdp"),
                            help="data: every device holds the whole params and optimizer state; fsdp: their large "
                                 "arrays are split over the devices (models too big to replicate)")
@@ -155,3 +162,44 @@ class GenerateArgs:
                                     "probability mass (1: all)")
     seed: int = option(42, help="seed of the sampling")
     dtype: str = option("float32", choices=DTYPES, help="compute dtype; parameters stay float32")
+
+
+@dataclass
+class SentencePredictionArgs:
+    task_name: str | None = option(help="a GLUE task name (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) picks "
+                                        "its metric and columns; any other task: set the columns yourself")
+    sentence1_column: str | None = option(help="column of the (first) sentence (default: 'sentence' or 'text', "
+                                               "else the first string column)")
+    sentence2_column: str | None = option(help="column of the second sentence of a pair task")
+    label_column: str = option("label", help="column of the label (class name, class id or a number)")
+    is_regression: bool = option(False, help="predict a number (mean squared error) instead of a class")
+    metric: str | None = option(help="the metric to report and select on: accuracy, f1, matthews, pearson, spearman "
+                                     "(default: GLUE's for --task_name, else accuracy or pearson)")
+
+
+@dataclass
+class QuestionAnsweringArgs:
+    version_2_with_negative: bool = option(False, help="SQuAD v2.0: some questions have no answer in the context")
+    doc_stride: int = option(128, help="tokens of overlap between the windows a long context is split into")
+    n_best_size: int = option(20, help="start and end candidates considered per window")
+    max_answer_length: int = option(30, help="longest answer in tokens")
+    null_score_diff_threshold: float = option(0.0, help="SQuAD v2.0: predict no answer when the null score beats "
+                                                        "the best span's by more than this")
+
+
+EXPERIMENT_MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+
+
+@dataclass
+class DriverArgs:  # train.py's own flags (its --config_file is added by flaxlm.cli: repeatable, nested yaml)
+    experiment: str = required(help="the registered experiment to run, e.g. roberta/mlm or bert/sentence_prediction")
+    mode: str = option("train_and_eval", choices=EXPERIMENT_MODES,
+                       help="train; eval (the newest checkpoint in model_dir, once); train_and_eval; continuous_eval "
+                            "(each checkpoint as it appears in model_dir, until the final one: an evaluation job "
+                            "beside a running training job)")
+    model_dir: str | None = option(help="the run's directory: checkpoints, logs, the export and experiment.yaml "
+                                        "(the script's --output_dir)")
+    params_override: list[str] | None = option(
+        help="dotted key=value pairs, comma-separated (trainer.optimizer.learning_rate=2e-5,task.data.max_seq_length"
+             "=128), or a yaml/json mapping; repeatable; wins over the config files")
+    print_config: bool = option(False, help="print the resolved config (each key with its flag) and exit")

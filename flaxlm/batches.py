@@ -10,16 +10,24 @@ from flaxlm.errors import UserError
 
 
 def take_rows(rows, idx):
-    """rows[idx] for a numpy array or a `datasets.Dataset` with an input_ids column."""
+    """rows[idx] for a numpy array, a dict of equal-length numpy arrays (one entry per example field, as
+    fine-tuning uses) or a `datasets.Dataset` with an input_ids column."""
     if isinstance(rows, np.ndarray):
         return rows[idx]
+    if isinstance(rows, dict):
+        return {k: v[idx] for k, v in rows.items()}
     return np.asarray(rows[idx]["input_ids"], dtype=np.int32)
+
+
+def num_rows(rows):
+    """How many examples `rows` holds (any of take_rows' kinds)."""
+    return len(next(iter(rows.values()))) if isinstance(rows, dict) else len(rows)
 
 
 class ShuffledRows:
     def __init__(self, rows, global_batch, seed):
         self.rows, self.global_batch, self.seed = rows, global_batch, seed
-        self.num_rows = len(rows)
+        self.num_rows = num_rows(rows)
         self.steps_per_epoch = self.num_rows // global_batch
         if self.steps_per_epoch == 0:
             raise UserError(f"the training data has {self.num_rows} examples, fewer than one global batch "
@@ -63,15 +71,28 @@ class StreamRows:
 def eval_batches(rows, global_batch, local, pad_id):
     """Every row of the validation set once, in order, as (rows, real): this process's slice `local` of
     each global batch (only those rows are read) and a bool per row, False for the rows of pad_id that
-    fill up the last batch (the loop gives those no weight, so every metric excludes them)."""
-    n = len(rows)
+    fill up the last batch (the loop gives those no weight, so every metric excludes them). Dict rows are
+    filled up with zeros, their input_ids with pad_id."""
+    n = num_rows(rows)
     if n == 0:
         return
-    width = take_rows(rows, np.arange(1)).shape[1]
+    first = take_rows(rows, np.arange(1))
     for start in range(0, n, global_batch):
         idx = np.arange(start, start + global_batch)[local]
         real = idx < n
-        chunk = np.full((len(idx), width), pad_id, dtype=np.int32)
-        if real.any():
-            chunk[real] = take_rows(rows, idx[real])
+        got = take_rows(rows, idx[real]) if real.any() else None
+        if isinstance(first, dict):
+            chunk = {k: _filled(v, len(idx), pad_id if k == "input_ids" else 0) for k, v in first.items()}
+            for k in chunk:
+                if got is not None:
+                    chunk[k][real] = got[k]
+        else:
+            chunk = _filled(first, len(idx), pad_id)
+            if got is not None:
+                chunk[real] = got
         yield chunk, real
+
+
+def _filled(example, n, value):
+    """n rows shaped and typed like example's rows, all `value`."""
+    return np.full((n, *example.shape[1:]), value, dtype=example.dtype)

@@ -72,13 +72,13 @@ class Checkpointer:
 
     def newest_description(self):
         """'checkpoint OUTPUT/checkpoints/N' for the newest complete one on disk, or 'no checkpoint yet'."""
-        steps = _steps_in(self.root)
+        steps = saved_steps(self.root)
         return f"checkpoint {self.path(max(steps))}" if steps else "no checkpoint was written yet"
 
     def restore_newest(self, like_state):
         """(step, state, meta) from the newest checkpoint that reads back; unreadable ones are moved aside to
         STEP.unreadable with a warning naming them. UserError when none is left."""
-        for step in sorted(_steps_in(self.root), reverse=True):
+        for step in sorted(saved_steps(self.root), reverse=True):
             try:
                 state, meta = self.restore(step, like_state)
                 return step, state, meta
@@ -168,7 +168,7 @@ def resolve_resume(resume_from_checkpoint, output_dir):
     None for 'latest' (the newest readable one, found by Checkpointer.restore_newest)."""
     if resume_from_checkpoint in ("latest", "last", "true", "True"):
         root = checkpoint_root(output_dir)
-        if not _steps_in(root):
+        if not saved_steps(root):
             raise UserError(f"--resume_from_checkpoint latest: no checkpoint in {root}; "
                             f"train without it first (checkpoints are written every --save_steps)")
         return None, output_dir
@@ -180,7 +180,8 @@ def resolve_resume(resume_from_checkpoint, output_dir):
     return int(name), os.path.dirname(parent)
 
 
-def _steps_in(root):
+def saved_steps(root):
+    """The steps of the complete checkpoints under root (a save in progress or cut short has no metadata yet)."""
     if not os.path.isdir(root):
         return []
     return [int(n) for n in os.listdir(root)
@@ -192,7 +193,7 @@ def clear_checkpoints(output_dir):
     multi-host run process 0 deletes and the others wait for it (no two deleting, none reading early)."""
     root = checkpoint_root(output_dir)
     if jax.process_index() == 0:
-        for step in _steps_in(root):
+        for step in saved_steps(root):
             shutil.rmtree(os.path.join(root, str(step)))
     if jax.process_count() > 1:
         from jax.experimental.multihost_utils import sync_global_devices

@@ -24,9 +24,18 @@ def check_writable_dir(path, flag="--output_dir"):
         raise UserError(f"cannot write to {parent} ({e.strerror}); pick a writable {flag}") from None
 
 
-def prepare_output_dir(path, overwrite, resuming):
+def _continues(args):
+    """Whether the run works on what output_dir holds: resuming its training, or evaluating its checkpoints."""
+    return bool(args.resume_from_checkpoint or getattr(args, "eval_checkpoints", None))
+
+
+def prepare_output_dir(args):
     """Check --output_dir before any work and create it; nothing in it is removed here (see start_fresh)."""
+    path, overwrite, resuming = args.output_dir, args.overwrite_output_dir, _continues(args)
     check_writable_dir(path)
+    if args.eval_checkpoints and not os.path.isdir(path):
+        raise UserError(f"--eval_checkpoints reads the checkpoints of --output_dir, but {path} does not exist; "
+                        f"pass the output directory of the training run")
     if os.path.isdir(path) and os.listdir(path) and not (overwrite or resuming):
         raise UserError(f"output directory {path} already exists and is not empty; pass --overwrite_output_dir "
                         f"to write into it (only flaxlm's own files are replaced), --resume_from_checkpoint latest "
@@ -39,13 +48,13 @@ def prepare_output_dir(path, overwrite, resuming):
                         f"--output_dir") from None
 
 
-def start_fresh(path, overwrite, resuming):
+def start_fresh(args):
     """With --overwrite_output_dir (and no resume), remove the checkpoints an earlier run of ours left in `path`.
     Called once the inputs are loaded and training is about to start, so that a run that fails on bad input
     (a wrong --tokenizer_name, an unreadable --train_file) leaves the earlier run intact."""
-    if overwrite and not resuming:
+    if args.overwrite_output_dir and not _continues(args):
         from flaxlm.checkpoint import clear_checkpoints
-        clear_checkpoints(path)
+        clear_checkpoints(args.output_dir)
 
 
 def check_hub_access(token=None):

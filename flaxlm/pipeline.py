@@ -63,12 +63,17 @@ def training_rows(data, streaming, args, global_batch):
 def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
              eval_batch, test_rows=None):
     """The optimizer (weight decay off for biases and norms), the run log and the training loop over
-    `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params."""
+    `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params. With
+    --eval_checkpoints it evaluates the saved checkpoints instead (flaxlm.eval_job) and returns None."""
     from flaxlm.models import decay_mask
     from flaxlm.optim import make_optimizer
     from flaxlm.run_log import RunLog
     from flaxlm.train_loop import train
     tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
+    if args.eval_checkpoints:  # an evaluation job: no training, no export
+        from flaxlm.eval_job import evaluate_checkpoints
+        evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps, model_args.dtype)
+        return None
     log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
     try:
         return train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
@@ -82,11 +87,11 @@ def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_s
 
 def export(args, model_args, config, params, tokenizer, load_with):
     """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format to
-    --output_dir, from process 0, then upload them with --push_to_hub."""
+    --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job)."""
     from flaxlm import mesh as meshlib
     from flaxlm.models.hf_io import save_pretrained
     from flaxlm.output_dir import push_to_hub
-    if not meshlib.is_main_process():
+    if not meshlib.is_main_process() or args.eval_checkpoints:
         return
     out = args.output_dir
     save_pretrained(out, config, params)

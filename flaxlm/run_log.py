@@ -10,15 +10,15 @@ import jax
 
 
 class RunLog:
-    def __init__(self, output_dir, fresh=True):
+    def __init__(self, output_dir, fresh=True, filename="metrics.jsonl", tensorboard="tensorboard"):
         self.enabled = jax.process_index() == 0
-        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.path = os.path.join(output_dir, filename)
         self._tb = None
         if self.enabled:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "w" if fresh else "a", encoding="utf-8")
             from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+            self._tb = SummaryWriter(os.path.join(output_dir, tensorboard))
 
     def write(self, step, split, metrics):
         if not self.enabled:
@@ -47,10 +47,25 @@ class RunLog:
             os.replace(tmp, self.path)
         self._file = open(self.path, "a", encoding="utf-8")
 
+    def logged_steps(self, split):
+        """The steps that have a row of `split` in the jsonl file."""
+        if not os.path.exists(self.path):
+            return set()
+        with open(self.path, encoding="utf-8") as f:
+            rows = [_row(line) for line in f]
+        return {int(r["step"]) for r in rows if r is not None and r.get("split") == split}
+
     def close(self):
         if self.enabled:
             self._file.close()
             self._tb.close()
+
+
+def _row(line):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None  # a line cut short by a kill
 
 
 def _step_of(line):

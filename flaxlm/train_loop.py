@@ -12,7 +12,7 @@ checkpoints, and the disk is checked for room before the first step (flaxlm.chec
 import dataclasses
 import math
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ import optax
 from tqdm.auto import tqdm
 
 from flaxlm import mesh as meshlib
-from flaxlm.batches import eval_batches
+from flaxlm.batches import eval_batches, num_rows
 from flaxlm.checkpoint import Checkpointer, check_room, restore_for_resume
 from flaxlm.divergence import NonFiniteSteps, guard_update
 from flaxlm.errors import UserError
@@ -40,6 +40,11 @@ class Objective:
     weights_key: str
     flops_per_example: float
     tokens_per_example: int
+    # Fine-tuning: predict(params, batch) -> {name: [B, ...]} per-example outputs (eval mode), and
+    # metrics(outputs) -> {name: float} over the outputs of every real row of a split, in row order.
+    # With metrics set, an evaluation reports the loss sums' metrics plus these (and no perplexity).
+    predict: Optional[Callable] = None
+    metrics: Optional[Callable] = None
 
 
 def make_train_step(loss_sums, tx, accum_steps):
@@ -77,6 +82,24 @@ def make_train_step(loss_sums, tx, accum_steps):
     return step
 
 
+def initial_state(params, tx, mesh, sharding):
+    """(train state {step, params, opt_state} on the mesh, its shardings) for --sharding data or fsdp."""
+    from flaxlm.sharding import state_shardings
+
+    def new_state(p):  # built inside jit: each device creates only its part of the optimizer state
+        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
+    shardings = state_shardings(jax.eval_shape(new_state, params), mesh, sharding)
+    return jax.jit(new_state, out_shardings=shardings)(jax.device_put(params, shardings["params"])), shardings
+
+
+def eval_steps_for(objective, mesh, params_sharding):
+    """(eval_step, predict_step or None): the objective's loss sums (eval mode) and predictions, jitted."""
+    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None),
+                        in_shardings=(params_sharding, meshlib.batch_sharding(mesh)),
+                        out_shardings=meshlib.replicated(mesh))
+    return eval_step, None if objective.predict is None else predict_step_for(objective, mesh, params_sharding)
+
+
 def cpu_chunks(rows_per_device, tokens_per_row, chunk_tokens, platform=None):
     """How many pieces each device's micro-batch is cut into for the forward/backward pass: on CPU, pieces of
     at least chunk_tokens tokens (their activations and logits stay in cache: ~20% faster steps at 4096
@@ -89,26 +112,62 @@ def cpu_chunks(rows_per_device, tokens_per_row, chunk_tokens, platform=None):
                    chunk_tokens, rows_per_device * tokens_per_row))
 
 
-def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed):
-    """Exact metrics over every validation row (padding rows count for nothing)."""
+def eval_batches_on_device(objective, rows, global_batch, mesh, seed, desc="eval"):
+    """Every row of `rows` once, in order, as (device batch, real_G): global batches whose padding rows
+    (filling up the last one) have zero weight, and which of the global batch's rows are real."""
     local = meshlib.local_rows(global_batch)
     sharding = meshlib.batch_sharding(mesh)
-    totals = None
-    n_batches = math.ceil(len(rows) / global_batch)
+    n = num_rows(rows)
     for i, (chunk, real) in enumerate(tqdm(eval_batches(rows, global_batch, local, objective.pad_id),
-                                           total=n_batches, desc="eval", leave=False,
+                                           total=math.ceil(n / global_batch), desc=desc, leave=False,
                                            disable=jax.process_index() != 0)):
         batch = objective.collate(chunk, collate_rng(seed, 2, i))
         w = batch[objective.weights_key]
         batch[objective.weights_key] = w * real.reshape(-1, *[1] * (w.ndim - 1)).astype(w.dtype)
-        sums = eval_step(params, meshlib.to_device_batch(batch, sharding))
+        yield meshlib.to_device_batch(batch, sharding), np.arange(i * global_batch, (i + 1) * global_batch) < n
+
+
+def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed, predict_step=None):
+    """Exact metrics over every validation row (padding rows count for nothing); with the objective's
+    predict/metrics, also the metrics of its per-example outputs."""
+    totals, outputs = None, []
+    for batch, real_G in eval_batches_on_device(objective, rows, global_batch, mesh, seed):
+        sums = eval_step(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        if predict_step is not None:
+            outputs.append(_real(predict_step(params, batch), real_G))
     totals = jax.device_get(totals)
     count = max(float(totals["weight_sum"]), 1.0)
     out = {k.removesuffix("_sum"): float(v) / count for k, v in totals.items() if k != "weight_sum"}
-    out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
+    if objective.metrics is not None:
+        out.update(objective.metrics(_concat(outputs)))
+    else:
+        out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
     out["target_tokens"] = int(totals["weight_sum"])
     return out
+
+
+def predict_step_for(objective, mesh, params_sharding=None):
+    """objective.predict jitted over the mesh, its outputs whole on every device (read back by the host)."""
+    return jax.jit(objective.predict, in_shardings=(params_sharding, meshlib.batch_sharding(mesh)),
+                   out_shardings=meshlib.replicated(mesh))
+
+
+def collect_predictions(params, objective, rows, global_batch, mesh, seed=0):
+    """objective.predict over every row of `rows`, in order: {name: numpy [num_rows, ...]} (e.g. for a
+    predictions file after training)."""
+    step = predict_step_for(objective, mesh)
+    return _concat([_real(step(params, batch), real_G)
+                    for batch, real_G in eval_batches_on_device(objective, rows, global_batch, mesh, seed,
+                                                                desc="predict")])
+
+
+def _real(outputs, real_G):
+    return {k: np.asarray(v)[real_G] for k, v in jax.device_get(outputs).items()}
+
+
+def _concat(outputs):
+    return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]} if outputs else {}
 
 
 def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh, total_steps,
@@ -122,16 +181,12 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     batch_sharding = meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0)
     repl = meshlib.replicated(mesh)
 
-    from flaxlm.sharding import gather_to_host_readable, state_shardings  # --sharding: data or fsdp
-    def new_state(p):  # built inside jit: each device creates only its part of the optimizer state
-        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
-    shardings = state_shardings(jax.eval_shape(new_state, params), mesh, args.sharding)
-    state = jax.jit(new_state, out_shardings=shardings)(jax.device_put(params, shardings["params"]))
+    from flaxlm.sharding import gather_to_host_readable  # --sharding: data or fsdp
+    state, shardings = initial_state(params, tx, mesh, args.sharding)
     train_step = jax.jit(make_train_step(objective.loss_sums, tx, accum),
                          in_shardings=(shardings, batch_sharding, repl), out_shardings=(shardings, repl),
                          donate_argnums=0)
-    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None),
-                        in_shardings=(shardings["params"], meshlib.batch_sharding(mesh)), out_shardings=repl)
+    eval_step, predict_step = eval_steps_for(objective, mesh, shardings["params"])
 
     checkpointer = Checkpointer(args.output_dir, max_to_keep=args.save_total_limit,
                                 background=args.async_checkpointing)
@@ -171,10 +226,9 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         checkpointer.save(step, state, meta)
 
     def run_eval(done, split="eval", rows=eval_rows):
-        result = evaluate(eval_step, state["params"], objective, rows, eval_batch, mesh, seed)
+        result = evaluate(eval_step, state["params"], objective, rows, eval_batch, mesh, seed, predict_step)
         log.write(done, split, result)
-        _say(f"step {done}: {split} loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}, "
-             f"perplexity {result['perplexity']:.2f}")
+        _say(f"step {done}: {split} {describe_metrics(result)}")
 
     def check_finite(keep_last):
         """Read the finiteness of the steps run so far (all but the newest one while it may still run)."""
@@ -249,6 +303,12 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     if test_rows is not None:
         run_eval(max(start, total_steps), "test", test_rows)
     return gather_to_host_readable(state["params"])  # fsdp over hosts: whole arrays for the export
+
+
+def describe_metrics(result):
+    """'loss 1.2345, accuracy 0.5000, perplexity 3.44': every metric of an evaluation but the token count."""
+    return ", ".join(f"{k} {v:.2f}" if k == "perplexity" else f"{k} {v:.4f}"
+                     for k, v in result.items() if k != "target_tokens")
 
 
 def collate_rng(seed, split, index):

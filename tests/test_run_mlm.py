@@ -52,6 +52,18 @@ def test_end_to_end_export_loads_in_transformers(model_dir, corpus, tmp_path):
     assert os.listdir(out / "checkpoints") == ["6"]  # save_total_limit 1
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(out / "tensorboard"))
 
+    # An evaluation job over the saved checkpoints (--eval_checkpoints): the final checkpoint's eval loss equals
+    # the training run's, each checkpoint is evaluated once even when the job runs again, the export is untouched.
+    exported = os.path.getmtime(out / "model.safetensors")
+    for _ in range(2):
+        run_mlm_flax.main(run_args(model_dir, corpus, out, "--max_steps", "6", "--eval_checkpoints", "all"))
+    with open(out / "eval_metrics.jsonl") as f:
+        job_rows = [json.loads(line) for line in f]
+    assert [r["step"] for r in job_rows] == [6]
+    assert job_rows[0]["loss"] == pytest.approx(eval_rows[-1]["loss"], rel=1e-5)
+    assert os.path.getmtime(out / "model.safetensors") == exported
+    assert read_metrics(out, "eval") == eval_rows  # the training run's log is not touched
+
     import torch
     from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
     tok = AutoTokenizer.from_pretrained(out)

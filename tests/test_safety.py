@@ -114,7 +114,7 @@ def test_export_is_safetensors_only(tmp_path):
     tokenizer = train_bpe(["the quick brown fox jumps over the lazy dog"] * 20, vocab_size=280, min_frequency=1)
     config = build_config("gpt2-tiny", tokenizer)
     out = tmp_path / "export"
-    export(types.SimpleNamespace(output_dir=str(out), push_to_hub=False), types.SimpleNamespace(token=None), config,
+    export(types.SimpleNamespace(output_dir=str(out), push_to_hub=False, eval_checkpoints=None), types.SimpleNamespace(token=None), config,
            split_model(create_model(config))[1], tokenizer, "transformers.AutoModelForCausalLM")
     files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert {"config.json", "model.safetensors"} <= files

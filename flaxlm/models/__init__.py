@@ -6,6 +6,9 @@
     logits = apply_model(graphdef, params, ids_BL, mask_BL, decoder_ids_BT, dropout_key=key)  # T5
     logits = apply_model(graphdef, params, ids_BL, mask_BL, positions_BL, dropout_key=key)  # causal LMs
     h, head = apply_hidden(graphdef, params, ...same arguments...)  # the head's input rows and the head itself
+
+Fine-tuning heads (BERT/RoBERTa): create_model(config, task="sequence_classification" or "question_answering"),
+or load_for_task(path, task) for the encoder of a pretrained checkpoint with that head (flaxlm.models.hf_io).
 """
 import jax
 import jax.numpy as jnp
@@ -13,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models import bert, gpt2, llama, opt, t5
+from flaxlm.models import bert, bert_heads, gpt2, llama, opt, t5
 
 # config.model_type -> module class taking (config, *, dtype, rngs). Later families register here.
 MODELS = {
@@ -25,14 +28,32 @@ MODELS = {
     "llama": llama.LlamaForCausalLM,
 }
 CAUSAL_LM_TYPES = ("gpt2", "opt", "llama")  # decoder-only families: run_clm_flax.py and generation
+# fine-tuning task -> module class on the BERT/RoBERTa encoder (task None: the family's pretraining model above)
+TASK_MODELS = {
+    "sequence_classification": bert_heads.BertForSequenceClassification,
+    "question_answering": bert_heads.BertForQuestionAnswering,
+}
+TASK_MODEL_TYPES = ("bert", "roberta")
 
 
-def create_model(config, dtype="float32", seed=0):
-    """A freshly initialized model for `config` (a transformers config); parameters float32."""
+def model_class(config, task=None):
     model_type = getattr(config, "model_type", None)
     if model_type not in MODELS:
         raise UserError(f"unsupported model_type {model_type!r}; supported: {', '.join(MODELS)}")
-    return MODELS[model_type](config, dtype=dtype, rngs=nnx.Rngs(seed))
+    if task is None:
+        return MODELS[model_type]
+    if task not in TASK_MODELS:
+        raise UserError(f"unknown task {task!r}; use one of {', '.join(TASK_MODELS)}")
+    if model_type not in TASK_MODEL_TYPES:
+        raise UserError(f"{task.replace('_', ' ')} needs a BERT or RoBERTa model, not model_type {model_type!r}; "
+                        f"use a bert or roberta checkpoint")
+    return TASK_MODELS[task]
+
+
+def create_model(config, dtype="float32", seed=0, task=None):
+    """A freshly initialized model for `config` (a transformers config); parameters float32. task None: the
+    family's pretraining model; "sequence_classification" / "question_answering": that head on the encoder."""
+    return model_class(config, task)(config, dtype=dtype, rngs=nnx.Rngs(seed))
 
 
 def _keys_to_str(tree):
@@ -80,17 +101,17 @@ def count_params(params):
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-def abstract_model(config, dtype="float32"):
+def abstract_model(config, dtype="float32", task=None):
     """(graphdef, params of jax.ShapeDtypeStruct) without allocating or initializing anything."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(config, dtype)), nnx.Param)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(config, dtype, task=task)), nnx.Param)
     return graphdef, _keys_to_str(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
                                                nnx.to_pure_dict(state)))
 
 
 from flaxlm.models.hf_io import (  # noqa: E402  (hf_io uses the functions above)
-    from_hf_state_dict, load_config, load_pretrained, save_pretrained, to_hf_state_dict)
+    from_hf_state_dict, load_config, load_for_task, load_pretrained, save_pretrained, to_hf_state_dict)
 
-__all__ = ["MODELS", "CAUSAL_LM_TYPES", "create_model", "split_model", "merge_model", "apply_model", "apply_hidden",
+__all__ = ["MODELS", "CAUSAL_LM_TYPES", "TASK_MODELS", "create_model", "load_for_task", "split_model", "merge_model", "apply_model", "apply_hidden",
            "decay_mask",
            "count_params",
            "abstract_model", "load_config", "load_pretrained", "save_pretrained", "to_hf_state_dict",

@@ -1,8 +1,9 @@
-"""BERT and RoBERTa for masked language modeling (post-LayerNorm encoder + tied MLM head).
+"""BERT and RoBERTa: the post-LayerNorm encoder (BertEncoder) and the masked-LM model on it (+ tied MLM head).
 
 One module serves both, configured by a transformers BertConfig / RobertaConfig. RoBERTa differs only in
 its position ids (counted from pad_token_id + 1, skipping padding) and in its head always using exact GELU.
 Parameters are float32; computation runs in `dtype`; LayerNorm statistics and logits are float32.
+The fine-tuning heads (sequence classification, question answering) build on BertEncoder in bert_heads.py.
 """
 import jax.numpy as jnp
 from flax import nnx
@@ -120,8 +121,9 @@ class MlmHead(nnx.Module):
         return (logits_MV + self.bias[...]).reshape(B, P, V)
 
 
-class BertForMaskedLM(nnx.Module):
-    """BERT or RoBERTa encoder with its masked-LM head, named as in Hugging Face's *ForMaskedLM."""
+class BertEncoder(nnx.Module):
+    """The BERT / RoBERTa encoder (embeddings + post-LayerNorm layers) that every head builds on; its parameters
+    sit at the top level (embeddings, layers) so each model's paths are those of BertForMaskedLM."""
 
     def __init__(self, config, *, dtype="float32", rngs):
         if config.hidden_size % config.num_attention_heads:
@@ -131,23 +133,37 @@ class BertForMaskedLM(nnx.Module):
         dtype = compute_dtype(dtype)
         self.embeddings = Embeddings(config, dtype, rngs)
         self.layers = nnx.List([EncoderLayer(config, dtype, rngs) for _ in range(config.num_hidden_layers)])
-        self.mlm_head = MlmHead(config, dtype, rngs)
         self.dtype = dtype
 
-    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *,
-                 masked_positions_BP=None, dropout_key=None, hidden=False):
-        """Logits (float32) [B, L, V], or [B, P, V] at masked_positions_BP; dropout_key=None is eval mode.
-        With hidden=True the rows [B, L or P, D] that the tied decoder multiplies instead (see head())."""
+    def encode(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, dropout_key=None,
+               last_positions_BP=None):
+        """The last layer's output [B, L, D] (in the compute dtype), or [B, P, D] at last_positions_BP only
+        (the last layer then computes only those rows); dropout_key=None is eval mode."""
         if token_type_ids_BL is None:
             token_type_ids_BL = jnp.zeros_like(input_ids_BL)
         x_BLD = self.embeddings(input_ids_BL, token_type_ids_BL, fold_key(dropout_key, 0))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            # Only the masked positions feed the head, so the last layer computes only their rows.
             x_BLD = layer(x_BLD, attention_mask_BL, fold_key(dropout_key, i + 1),
-                          masked_positions_BP if i == last else None)
-        if masked_positions_BP is not None and last < 0:
-            x_BLD = gather_rows(x_BLD, masked_positions_BP)
+                          last_positions_BP if i == last else None)
+        if last_positions_BP is not None and last < 0:
+            x_BLD = gather_rows(x_BLD, last_positions_BP)
+        return x_BLD
+
+
+class BertForMaskedLM(BertEncoder):
+    """BERT or RoBERTa encoder with its masked-LM head, named as in Hugging Face's *ForMaskedLM."""
+
+    def __init__(self, config, *, dtype="float32", rngs):
+        super().__init__(config, dtype=dtype, rngs=rngs)
+        self.mlm_head = MlmHead(config, self.dtype, rngs)
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *,
+                 masked_positions_BP=None, dropout_key=None, hidden=False):
+        """Logits (float32) [B, L, V], or [B, P, V] at masked_positions_BP; dropout_key=None is eval mode.
+        With hidden=True the rows [B, L or P, D] that the tied decoder multiplies instead (see head())."""
+        # Only the masked positions feed the head, so the last layer computes only their rows.
+        x_BLD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, dropout_key, masked_positions_BP)
         if hidden:
             return self.mlm_head.transform(x_BLD)
         return self.mlm_head(x_BLD, self.embeddings.word.embedding[...])

@@ -35,21 +35,25 @@ def _bert_prefix(config):
     return "roberta." if config.model_type == "roberta" else "bert."
 
 
-def bert_names(config):
-    """Tensor names of BertForMaskedLM / RobertaForMaskedLM (transformers 5) -> our parameter paths."""
+def _torch_layers(names):
+    """(norm, linear): add a LayerNorm's / a torch Linear's tensors under hf to `names`, as our path ours."""
+    def norm(hf, ours):
+        names.extend([(f"{hf}.weight", (*ours, "scale"), "copy"), (f"{hf}.bias", (*ours, "bias"), "copy")])
+
+    def linear(hf, ours):
+        names.extend([(f"{hf}.weight", (*ours, "kernel"), "linear"), (f"{hf}.bias", (*ours, "bias"), "copy")])
+    return norm, linear
+
+
+def bert_encoder_names(config):
+    """Tensor names of the BERT / RoBERTa encoder (under bert. / roberta.) -> our parameter paths."""
     p = _bert_prefix(config)
     names = [
         (f"{p}embeddings.word_embeddings.weight", ("embeddings", "word", "embedding"), "copy"),
         (f"{p}embeddings.position_embeddings.weight", ("embeddings", "position", "embedding"), "copy"),
         (f"{p}embeddings.token_type_embeddings.weight", ("embeddings", "token_type", "embedding"), "copy"),
     ]
-
-    def norm(hf, ours):
-        names.extend([(f"{hf}.weight", (*ours, "scale"), "copy"), (f"{hf}.bias", (*ours, "bias"), "copy")])
-
-    def linear(hf, ours):
-        names.extend([(f"{hf}.weight", (*ours, "kernel"), "linear"), (f"{hf}.bias", (*ours, "bias"), "copy")])
-
+    norm, linear = _torch_layers(names)
     norm(f"{p}embeddings.LayerNorm", ("embeddings", "norm"))
     for i in range(config.num_hidden_layers):
         hf, ours = f"{p}encoder.layer.{i}.", ("layers", str(i))
@@ -60,6 +64,13 @@ def bert_names(config):
         linear(f"{hf}intermediate.dense", (*ours, "mlp_in"))
         linear(f"{hf}output.dense", (*ours, "mlp_out"))
         norm(f"{hf}output.LayerNorm", (*ours, "mlp_norm"))
+    return names
+
+
+def bert_names(config):
+    """Tensor names of BertForMaskedLM / RobertaForMaskedLM (transformers 5) -> our parameter paths."""
+    names = bert_encoder_names(config)
+    norm, linear = _torch_layers(names)
     if config.model_type == "roberta":
         linear("lm_head.dense", ("mlm_head", "dense"))
         norm("lm_head.layer_norm", ("mlm_head", "norm"))
@@ -71,12 +82,26 @@ def bert_names(config):
     return names
 
 
-def _bert_normalize(config, tensors, notes):
-    """Accept older and bare checkpoints: add the model prefix, rename gamma/beta, drop buffers, the pooler,
-    the NSP head and tied copies of the decoder (checked equal to what we tie them to)."""
+def bert_task_names(config, task):
+    """Tensor names of Bert/RobertaForSequenceClassification or *ForQuestionAnswering -> our paths
+    (flaxlm.models.bert_heads): RoBERTa's classifier.dense / classifier.out_proj are our pooler / classifier."""
+    names = bert_encoder_names(config)
+    _, linear = _torch_layers(names)
+    if task == "question_answering":
+        linear("qa_outputs", ("qa_outputs",))
+    elif config.model_type == "roberta":
+        linear("classifier.dense", ("pooler",))
+        linear("classifier.out_proj", ("classifier",))
+    else:
+        linear("bert.pooler.dense", ("pooler",))
+        linear("classifier", ("classifier",))
+    return names
+
+
+def _bert_renamed(config, tensors):
+    """Older and bare checkpoints in today's names: the model prefix added, gamma/beta renamed, buffers dropped."""
     p = _bert_prefix(config)
-    head = "lm_head." if config.model_type == "roberta" else "cls.predictions."
-    out, dropped = {}, []
+    out = {}
     for name, x in tensors.items():
         if name.split(".")[0] in ("embeddings", "encoder", "pooler"):  # a bare BertModel / RobertaModel
             name = p + name
@@ -84,13 +109,25 @@ def _bert_normalize(config, tensors, notes):
         name = re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", name)
         if name.endswith((".position_ids", ".token_type_ids")):
             continue  # non-persistent buffers older transformers saved
-        if name.startswith((f"{p}pooler.", "cls.seq_relationship.")):
-            dropped.append(name)
-            continue
         out[name] = x
+    return out
+
+
+def _drop(tensors, prefixes):
+    """(tensors without the names starting with one of prefixes, the names dropped)."""
+    dropped = sorted(n for n in tensors if n.startswith(prefixes))
+    return {n: x for n, x in tensors.items() if not n.startswith(prefixes)}, dropped
+
+
+def _bert_normalize(config, tensors, notes):
+    """Accept older and bare checkpoints: add the model prefix, rename gamma/beta, drop buffers, the pooler,
+    the NSP head and tied copies of the decoder (checked equal to what we tie them to)."""
+    p = _bert_prefix(config)
+    head = "lm_head." if config.model_type == "roberta" else "cls.predictions."
+    out, dropped = _drop(_bert_renamed(config, tensors), (f"{p}pooler.", "cls.seq_relationship."))
     if dropped:
         notes.append(f"ignored {len(dropped)} tensor(s) masked-LM training does not use (pooler / next-sentence "
-                     f"head): {', '.join(sorted(dropped))}")
+                     f"head): {', '.join(dropped)}")
     word = out.get(f"{p}embeddings.word_embeddings.weight")
     decoder_w = out.pop(f"{head}decoder.weight", None)
     if decoder_w is not None and word is not None and (
@@ -100,6 +137,21 @@ def _bert_normalize(config, tensors, notes):
     decoder_b = out.pop(f"{head}decoder.bias", None)
     if decoder_b is not None:
         out.setdefault(f"{head}bias", decoder_b)
+    return out
+
+
+def _bert_task_normalize(config, tensors, notes, task):
+    """A checkpoint for fine-tuning: the pretraining heads (masked-LM, next-sentence) and a pooler the task's
+    head does not use are dropped, each with a note; BERT's pooler is kept for sequence classification."""
+    out, dropped = _drop(_bert_renamed(config, tensors), ("lm_head.", "cls.predictions.", "cls.seq_relationship."))
+    if dropped:
+        notes.append(f"dropped the pretraining head(s) of the checkpoint ({len(dropped)} tensor(s): masked-LM / "
+                     f"next-sentence), which {task.replace('_', ' ')} does not use")
+    if task != "sequence_classification" or config.model_type == "roberta":
+        out, dropped = _drop(out, (f"{_bert_prefix(config)}pooler.",))
+        if dropped:
+            notes.append(f"dropped the checkpoint's pooler ({', '.join(dropped)}), which "
+                         f"{task.replace('_', ' ')} with {config.model_type} does not use")
     return out
 
 
@@ -334,6 +386,40 @@ def _name_map(config):
     return NAME_MAPS[model_type]
 
 
+# fine-tuning task -> (Hugging Face class suffix, our parameter groups of its head, which a checkpoint may lack)
+TASK_HEADS = {
+    "sequence_classification": ("ForSequenceClassification", ("pooler", "classifier")),
+    "question_answering": ("ForQuestionAnswering", ("qa_outputs",)),
+}
+
+
+class Layout(NamedTuple):
+    """How one model (a family's pretraining model, or a fine-tuning head on BERT/RoBERTa) is saved."""
+    names: list  # [(hf_name, our_path, kind)]
+    normalize: Callable  # normalize(tensors, notes) -> tensors in the names' convention
+    architecture: str
+    fresh_groups: tuple  # top-level parameter groups a checkpoint may lack entirely (started fresh)
+
+
+def task_of(params):
+    """The fine-tuning task whose head `params` hold (flaxlm.models.bert_heads), or None."""
+    if "qa_outputs" in params:
+        return "question_answering"
+    return "sequence_classification" if "classifier" in params else None
+
+
+def layout(config, task=None):
+    """The Layout of `config`'s pretraining model (task None) or of a fine-tuning task's model."""
+    family = _name_map(config)
+    if task is None:
+        return Layout(family.names(config), lambda t, notes: family.normalize(config, t, notes),
+                      family.architecture, (family.fresh_head,) if family.fresh_head else ())
+    models.model_class(config, task)  # a known task on BERT/RoBERTa, else a UserError
+    suffix, groups = TASK_HEADS[task]
+    return Layout(bert_task_names(config, task), lambda t, notes: _bert_task_normalize(config, t, notes, task),
+                  family.architecture.removesuffix("ForMaskedLM") + suffix, groups)
+
+
 def _get(tree, path):
     for k in path:
         tree = tree[k]
@@ -365,42 +451,46 @@ def _list(names, limit=5):
 
 
 def to_hf_state_dict(config, params):
-    """Our params -> {Hugging Face tensor name: float32 numpy array}, as transformers' save_pretrained writes."""
+    """Our params -> {Hugging Face tensor name: float32 numpy array}, as transformers' save_pretrained writes
+    (for a fine-tuning head's params, as the task's *ForSequenceClassification / *ForQuestionAnswering)."""
     out = {}
-    for hf, path, kind in _name_map(config).names(config):
+    for hf, path, kind in layout(config, task_of(params)).names:
         x = np.asarray(_get(params, path), dtype=np.float32)
         out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
     return out
 
 
-def from_hf_state_dict(config, tensors, *, init_params=None, seed=0):
-    """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays).
+def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
+    """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays), for the family's
+    pretraining model (task None) or a fine-tuning task's model (models.TASK_MODELS).
 
-    A bare encoder checkpoint of a family with a `fresh_head` (BERT/RoBERTa without the MLM head) keeps the head
-    from `init_params` (default: a fresh init from seed) and logs a warning. Any other missing, unexpected or
-    wrongly shaped tensor is a UserError.
+    A head the checkpoint lacks entirely (BERT/RoBERTa: the MLM head of a bare encoder; a task's head on a
+    pretrained encoder) comes from `init_params` (default: a fresh init from seed), with a warning. Any other
+    missing, unexpected or wrongly shaped tensor is a UserError.
     """
-    family = _name_map(config)
+    spec = layout(config, task)
     notes = []
-    tensors = family.normalize(config, dict(tensors), notes)
-    _, shapes = models.abstract_model(config)
-    expected = family.names(config)
-    missing = [hf for hf, _, _ in expected if hf not in tensors]
-    head = family.fresh_head
-    head_missing = [hf for hf, path, _ in expected if head is not None and path[0] == head]
-    if missing and head_missing and set(missing) == set(head_missing):  # a bare encoder: keep a fresh head
-        if init_params is None:
-            _, init_params = models.split_model(models.create_model(config, seed=seed))
-        notes.append("the checkpoint has no masked-LM head (a bare encoder); the head starts freshly initialized")
-        tensors = dict(tensors)
-        for hf, path, kind in expected:
-            if path[0] == head:
-                x = np.asarray(_get(init_params, path), np.float32)
-                tensors[hf] = x.T if kind == "linear" else x
-        missing = []
+    tensors = spec.normalize(dict(tensors), notes)
+    _, shapes = models.abstract_model(config, task=task)
+    expected = spec.names
+    absent = [g for g in spec.fresh_groups if not any(hf in tensors for hf, path, _ in expected if path[0] == g)]
+    missing = [hf for hf, path, _ in expected if hf not in tensors and path[0] not in absent]
     if missing:
         raise UserError(f"checkpoint is missing tensor(s) {_list(missing)}; it does not match config.json "
                         f"({_describe(config)})")
+    if absent:  # a bare encoder, or a pretrained one fine-tuned for the first time: the head starts fresh
+        if init_params is None:
+            _, init_params = models.split_model(models.create_model(config, seed=seed, task=task))
+        if task is None:
+            notes.append("the checkpoint has no masked-LM head (a bare encoder); the head starts freshly initialized")
+        else:
+            notes.append(f"the checkpoint has no {' / '.join(absent)} weights of the {task.replace('_', ' ')} "
+                         f"head; they start freshly initialized (train them before use)")
+        tensors = dict(tensors)
+        for hf, path, kind in expected:
+            if path[0] in absent:
+                x = np.asarray(_get(init_params, path), np.float32)
+                tensors[hf] = x.T if kind == "linear" else x
     unexpected = set(tensors) - {hf for hf, _, _ in expected}
     if unexpected:
         raise UserError(f"checkpoint has unexpected tensor(s) {_list(unexpected)}; it does not match config.json "
@@ -411,6 +501,10 @@ def from_hf_state_dict(config, tensors, *, init_params=None, seed=0):
         want_hf = want[::-1] if kind == "linear" else want
         x = np.asarray(tensors[hf])
         if tuple(x.shape) != want_hf:
+            if task is not None and path[0] in spec.fresh_groups:
+                raise UserError(f"tensor {hf} of the checkpoint's {task.replace('_', ' ')} head has shape "
+                                f"{tuple(x.shape)}, this task needs {want_hf} (num_labels={config.num_labels}); "
+                                f"fine-tune from the pretrained model instead (a checkpoint without this head)")
             raise UserError(f"tensor {hf} has shape {tuple(x.shape)} but config.json implies {want_hf}; "
                             f"use the config.json the checkpoint was saved with")
         x = x.astype(np.float32)
@@ -436,13 +530,14 @@ def _atomic_write(path, write):
             os.remove(tmp)
 
 
-def save_config(output_dir, config):
-    """Write config.json as the family's Hugging Face class writes it, with its architecture and the
-    tie_word_embeddings that transformers 4.x and 5.x both read right (T5 v1.1: false)."""
+def save_config(output_dir, config, task=None):
+    """Write config.json as the family's Hugging Face class writes it (or the fine-tuning task's class: with
+    num_labels, id2label, label2id, problem_type), with its architecture and the tie_word_embeddings that
+    transformers 4.x and 5.x both read right (T5 v1.1: false)."""
     family = _name_map(config)
     os.makedirs(output_dir, exist_ok=True)
     config = copy.deepcopy(config)
-    config.architectures = [family.architecture]
+    config.architectures = [layout(config, task).architecture]
     config.tie_word_embeddings = family.tie_word_embeddings(config)
     config.dtype = "float32"
     _atomic_write(os.path.join(output_dir, "config.json"), lambda p: config.to_json_file(p, use_diff=True))
@@ -450,13 +545,14 @@ def save_config(output_dir, config):
 
 def save_pretrained(output_dir, config, params):
     """Write config.json and model.safetensors (float32) loadable by transformers' from_pretrained of the
-    family's architecture (AutoModelForMaskedLM, T5ForConditionalGeneration)."""
+    family's architecture (AutoModelForMaskedLM, T5ForConditionalGeneration), or for a fine-tuning head's
+    params by AutoModelForSequenceClassification / AutoModelForQuestionAnswering."""
     from safetensors.numpy import save_file
 
     tensors = to_hf_state_dict(config, params)
     os.makedirs(output_dir, exist_ok=True)
     _atomic_write(os.path.join(output_dir, SAFE_WEIGHTS), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    save_config(output_dir, config)
+    save_config(output_dir, config, task_of(params))
 
 
 def _looks_local(path):
@@ -553,4 +649,50 @@ def load_pretrained(path, dtype="float32", *, seed=0):
     _name_map(config)
     graphdef, _ = models.abstract_model(config, dtype)
     params = from_hf_state_dict(config, read_safetensors(path), seed=seed)
+    return config, models.merge_model(graphdef, jax.tree.map(jnp.asarray, params))
+
+
+def has_weights(path):
+    return any(os.path.isfile(os.path.join(path, f)) for f in (SAFE_WEIGHTS, SAFE_INDEX)) or has_pickle_checkpoint(path)
+
+
+def task_config(config, task, *, num_labels=None, id2label=None, problem_type=None):
+    """A copy of `config` set up for the task: question answering has 2 outputs (start, end); a classifier has
+    num_labels outputs named by id2label ({id: name}; label2id follows), problem_type as transformers reads it."""
+    config = copy.deepcopy(config)
+    if task == "question_answering":
+        config.num_labels = 2
+        return config
+    if id2label is not None:
+        id2label = {int(i): str(name) for i, name in id2label.items()}
+        if num_labels is not None and num_labels != len(id2label):
+            raise ValueError(f"num_labels {num_labels} != {len(id2label)} names in id2label")
+        config.id2label = id2label
+        config.label2id = {name: i for i, name in id2label.items()}
+    elif num_labels is not None:
+        config.num_labels = num_labels
+    if problem_type is not None:
+        config.problem_type = problem_type
+    return config
+
+
+def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2label=None, problem_type=None):
+    """(config, model) for fine-tuning: the BERT/RoBERTa encoder in directory `path` (a masked-LM export, a bare
+    encoder or a checkpoint that has this task's head already) with the task's head (flaxlm.models.bert_heads),
+    task "sequence_classification" or "question_answering". A head the checkpoint lacks starts fresh from
+    `seed` (one warning), pretraining heads are dropped (a note); a directory holding only config.json gives a
+    freshly initialized model. The config gets num_labels / id2label / label2id / problem_type (task_config)."""
+    import jax
+    import jax.numpy as jnp
+
+    path = resolve_dir(path)
+    config = task_config(load_config(path), task, num_labels=num_labels, id2label=id2label,
+                         problem_type=problem_type)
+    models.model_class(config, task)  # a known task on BERT/RoBERTa, else a UserError
+    if not has_weights(path):
+        logger.warning("no weights in %s (only config.json): the %s model starts freshly initialized", path,
+                       config.model_type)
+        return config, models.create_model(config, dtype=dtype, seed=seed, task=task)
+    graphdef, _ = models.abstract_model(config, dtype, task)
+    params = from_hf_state_dict(config, read_safetensors(path), seed=seed, task=task)
     return config, models.merge_model(graphdef, jax.tree.map(jnp.asarray, params))

@@ -1,0 +1,78 @@
+"""An evaluation job (--eval_checkpoints): the checkpoints a training run saved in --output_dir, evaluated
+instead of training, as a separate job on another machine would.
+
+'latest' evaluates the newest checkpoint once. 'all' evaluates each checkpoint as it appears, in step
+order, until the final step (continuous evaluation beside a running training job). Results go to
+OUTPUT_DIR/eval_metrics.jsonl (TensorBoard: tensorboard/eval_checkpoints); a step already there is not
+evaluated again, so a restarted job evaluates every checkpoint exactly once.
+"""
+import os
+import time
+
+import jax
+from tqdm.auto import tqdm
+
+from flaxlm.checkpoint import Checkpointer, saved_steps
+from flaxlm.errors import UserError
+from flaxlm.run_log import RunLog
+from flaxlm.train_loop import describe_metrics, eval_steps_for, evaluate, initial_state
+
+EVAL_LOG = "eval_metrics.jsonl"
+POLL_SECONDS = 2.0
+
+
+def evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps, dtype=None):
+    if eval_rows is None:
+        raise UserError("--eval_checkpoints needs validation data; pass --validation_file (or a dataset with a "
+                        "validation split, or keep --validation_split_percentage above 0)")
+    like_state, shardings = initial_state(params, tx, mesh, args.sharding)
+    eval_step, predict_step = eval_steps_for(objective, mesh, shardings["params"])
+    checkpointer = Checkpointer(args.output_dir)
+    log = RunLog(args.output_dir, fresh=False, filename=EVAL_LOG, tensorboard=os.path.join("tensorboard",
+                                                                                            "eval_checkpoints"))
+
+    def run(step):
+        checkpointer.manager.reload()  # see the checkpoints the training job wrote since we started
+        try:
+            state, _ = checkpointer.restore(step, like_state)
+        except Exception as e:  # deleted by --save_total_limit meanwhile, or unreadable: not ours to move
+            _say(f"checkpoint {checkpointer.path(step)} could not be read ({type(e).__name__}); skipped it")
+            return
+        result = evaluate(eval_step, state["params"], objective, eval_rows, eval_batch, mesh, args.seed,
+                          predict_step)
+        log.write(step, "eval", result)
+        _say(f"checkpoint {step}: eval {describe_metrics(result)}")
+
+    try:
+        if args.eval_checkpoints == "latest":
+            steps = saved_steps(checkpointer.root)
+            if not steps:
+                raise UserError(f"--eval_checkpoints latest: no checkpoint in {checkpointer.root}; train first "
+                                f"(checkpoints are written every --save_steps)")
+            run(max(steps))
+            return
+        done = log.logged_steps("eval")
+        last_new = time.monotonic()
+        _say(f"evaluating each checkpoint of {checkpointer.root} as it appears, until step {total_steps} "
+             f"(results in {log.path})")
+        while total_steps not in done:
+            new = sorted(s for s in saved_steps(checkpointer.root) if s not in done)
+            for step in new:
+                run(step)
+                done.add(step)
+            if new:
+                last_new = time.monotonic()
+            elif time.monotonic() - last_new > args.eval_timeout:
+                _say(f"no new checkpoint in {args.eval_timeout:g} s; stopped before the final step {total_steps}")
+                return
+            else:
+                time.sleep(POLL_SECONDS)
+        _say(f"evaluated the final checkpoint (step {total_steps})")
+    finally:
+        log.close()
+        checkpointer.close()
+
+
+def _say(msg):
+    if jax.process_index() == 0:
+        tqdm.write(msg)

@@ -1,0 +1,315 @@
+"""Experiment configs for train.py: the options of flaxlm/args.py arranged into nested, typed sections.
+
+LAYOUT places every option of the run_*.py scripts exactly once under a dotted section: task.model.dtype
+is --dtype, and a few leaves take TensorFlow Model Garden's names (task.train_data.input_path is
+--train_file, trainer.train_steps is --max_steps). The leaves ARE the args.py fields (same type, default,
+help; nothing is declared twice): config_class() builds one experiment's nested dataclasses from the
+fields of its script's option groups. resolve() layers yaml files and --params_override onto the
+defaults with the checks the scripts' own flags get (flaxlm.cli), options_of() flattens the result
+back into {option: value} and to_argv() into the script's command line.
+"""
+import dataclasses
+import difflib
+import os
+import types
+import typing
+
+import yaml
+
+from flaxlm.cli import _coerce, check_range
+from flaxlm.errors import UserError
+
+# section: its leaves, "leaf" (the option's own name) or "leaf=option".
+LAYOUT = {
+    "task.model": "model_name_or_path model_type config_name tokenizer_name use_fast_tokenizer dtype token "
+                  "trust_remote_code preset config_overrides=set",
+    "task.data": "dataset_name dataset_config_name text_column streaming cache_dir validation_split_percentage "
+                 "max_seq_length block_size keep_linebreaks line_by_line pad_to_max_length "
+                 "preprocessing_num_workers overwrite_cache",
+    "task.train_data": "input_path=train_file per_device_batch_size=per_device_train_batch_size "
+                       "global_batch_size=train_batch_size max_samples=max_train_samples",
+    "task.validation_data": "input_path=validation_file per_device_batch_size=per_device_eval_batch_size "
+                            "global_batch_size=eval_batch_size max_samples=max_eval_samples",
+    "task.test_data": "input_path=test_file",
+    "task.objective": "mlm_probability mean_noise_span_length",
+    "task.sentence_prediction": "task_name sentence1_column sentence2_column label_column is_regression metric",
+    "task.squad": "version_2_with_negative doc_stride n_best_size max_answer_length null_score_diff_threshold",
+    "trainer": "train_steps=max_steps num_train_epochs gradient_accumulation_steps cpu_chunk_tokens "
+               "summary_interval=logging_steps validation_interval=eval_steps eval_at_start "
+               "checkpoint_interval=save_steps max_to_keep=save_total_limit async_checkpointing "
+               "resume_from_checkpoint overwrite_output_dir skip_nonfinite_steps do_predict eval_timeout seed "
+               "peak_flops report_to",
+    "trainer.optimizer": "learning_rate weight_decay adam_beta1 adam_beta2 adam_epsilon adafactor warmup_steps "
+                         "max_grad_norm",
+    "runtime": "sharding coordinator_address num_processes process_id",
+    "export": "push_to_hub hub_model_id hub_token",
+}
+# Options train.py sets itself from its own flags; they have no key.
+DRIVER_SET = {"output_dir": "--model_dir", "do_train": "--mode", "do_eval": "--mode", "eval_checkpoints": "--mode"}
+# Options never written to experiment.yaml nor printed (a token would otherwise sit in model_dir and go up to the hub
+# with --push_to_hub): the file and the printed command line say where one was given.
+SECRETS = ("token", "hub_token")
+# Keys train.py consumes itself (create_config.py's options: the architecture of a model pretrained from scratch);
+# they never go to the script.
+DRIVER_READ = ("preset", "set")
+
+
+def _placements():
+    out = {}
+    for section, entries in LAYOUT.items():
+        for entry in entries.split():
+            leaf, _, option = entry.partition("=")
+            if (option or leaf) in out:
+                raise ValueError(f"option {option or leaf} is placed twice in LAYOUT")
+            out[option or leaf] = f"{section}.{leaf}"
+    return out
+
+
+PLACEMENT = _placements()  # {option: dotted key}
+
+
+def config_class(name, option_fields, defaults=None):
+    """The nested dataclass of one experiment: option_fields (dataclass fields of its options) placed by LAYOUT;
+    defaults ({dotted key: value}) replace args.py's defaults."""
+    defaults = dict(defaults or {})
+    by_option = {f.name: f for f in option_fields}
+    missing = set(by_option) - set(PLACEMENT) - set(DRIVER_SET)
+    if missing:  # a new option in flaxlm/args.py needs its key here
+        raise ValueError(f"options without a place in LAYOUT: {sorted(missing)}")
+    tree = {}  # nested {name: subtree or leaf field}, in LAYOUT order
+    for option, key in PLACEMENT.items():
+        if option in by_option:
+            *sections, leaf = key.split(".")
+            node = tree
+            for s in sections:
+                node = node.setdefault(s, {})
+            node[leaf] = _leaf_field(key, by_option[option], defaults.pop(key, dataclasses.MISSING))
+    if defaults:
+        raise ValueError(f"defaults for keys {name} does not have: {sorted(defaults)}")
+    return _make_class(name.replace("/", "_") + "_config", tree)
+
+
+def _leaf_field(key, f, default):
+    if default is dataclasses.MISSING:
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+    else:
+        default = _checked(key, f, default, "experiment defaults")
+    if default is dataclasses.MISSING:
+        raise ValueError(f"--{f.name} has no default; train.py must set it (DRIVER_SET)")
+    meta = {**f.metadata, "option": f.name}
+    if isinstance(default, list):
+        return f.type, dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
+    return f.type, dataclasses.field(default=default, metadata=meta)
+
+
+def _make_class(name, tree):
+    fields = []
+    for key, node in tree.items():
+        if isinstance(node, dict):
+            section = _make_class(f"{name}_{key}", node)
+            fields.append((key, section, dataclasses.field(default_factory=section)))
+        else:
+            fields.append((key, *node))
+    return dataclasses.make_dataclass("".join(p.title() for p in name.replace("-", "_").split("_")), fields)
+
+
+def leaves(cls, prefix=""):
+    """{dotted key: field} of every leaf of a config class."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.type):
+            out.update(leaves(f.type, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = f
+    return out
+
+
+def sections(cls, prefix=""):
+    """The dotted keys of the sections of a config class."""
+    out = set()
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.type):
+            out |= {prefix + f.name} | sections(f.type, f"{prefix}{f.name}.")
+    return out
+
+
+def resolve(cls, config_files=(), overrides=()):
+    """An instance of cls: its defaults, then each yaml file in order, then each override in order."""
+    config = cls()
+    for path in config_files:
+        apply(config, load_yaml(path), f"config file {path}")
+    for text in overrides:
+        apply(config, parse_override(text), "--params_override")
+    return config
+
+
+def apply(config, mapping, source, prefix=""):
+    """Set the values of a nested mapping (keys may be dotted) on config, each checked."""
+    cls = type(config)
+    known_leaves, known_sections = leaves(cls), sections(cls)
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if path in known_sections:
+            if isinstance(value, dict):
+                apply(config, value, source, path + ".")
+            elif value is not None:
+                raise UserError(f"{source}: '{path}' is a section; give it a mapping of its keys, not {value!r}")
+        elif path in known_leaves:
+            value = _checked(path, known_leaves[path], value, source)
+            *parents, leaf = path.split(".")
+            target = config
+            for p in parents:
+                target = getattr(target, p)
+            setattr(target, leaf, value)
+        else:
+            _unknown(path, known_leaves, known_sections, source)
+
+
+def _checked(key, f, value, source):
+    """value as the field's type, within the option's range (flaxlm.cli's checks, naming the dotted key)."""
+    value = _coerce(types.SimpleNamespace(name=key, type=f.type, metadata=f.metadata), value, source)
+    option = f.metadata.get("option", f.name)
+    if value is None and option not in DRIVER_READ and not _optional(f.type):
+        raise UserError(f"{source}: '{key}' (--{option}) cannot be null; give it a value")
+    for item in value if isinstance(value, list) else [value]:
+        try:
+            check_range(option, item)
+        except UserError as e:
+            raise UserError(f"{source}: '{key}': {e}") from None
+    return value
+
+
+def _optional(tp):
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _unknown(path, known_leaves, known_sections, source):
+    if path in PLACEMENT.values():
+        option = next(o for o, k in PLACEMENT.items() if k == path)
+        raise UserError(f"{source}: '{path}' (--{option}) does not apply to this experiment; drop it")
+    last = path.rsplit(".", 1)[-1]
+    names = {k: {k.rsplit(".", 1)[-1], f.metadata["option"]} for k, f in known_leaves.items()}
+    same_name = [k for k, n in names.items() if last in n]  # a leaf or an option name under another section
+    near_name = [k for k, n in names.items() if difflib.get_close_matches(last, list(n), n=1, cutoff=0.8)]
+    near_path = difflib.get_close_matches(path, list(known_leaves) + sorted(known_sections), n=3)
+    near = same_name or list(dict.fromkeys(near_path + near_name))[:3]
+    hint = f"; did you mean {' or '.join(near)}?" if near else "; the keys are those of train.py --print_config"
+    raise UserError(f"{source}: unknown key '{path}'{hint}")
+
+
+def load_yaml(path):
+    """A config file's nested mapping ({} when empty), with one-line errors."""
+    if not os.path.isfile(path):
+        raise UserError(f"config file {path} does not exist; pass an existing yaml file to --config_file")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"config file {path} is not valid yaml ({first}); fix the file") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a nested mapping of keys (task:, trainer:, ...), "
+                        f"not a {type(data).__name__}")
+    return data
+
+
+def parse_override(text):
+    """'a.b=1,c.d=x' (values as on a command line; [..] and quoted ones read as yaml) or a yaml/json mapping
+    string -> {key: value}."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    if isinstance(data, dict) and not any("=" in str(k) for k in data):
+        return data
+    out = {}
+    for item in _split_top_level(text):
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--params_override expects key=value[,key=value...] or a yaml mapping, got '{item}'")
+        out[key.strip()] = _override_value(key.strip(), raw.strip())
+    return out
+
+
+def _override_value(key, raw):
+    if raw in ("null", "~"):
+        return None
+    if raw[:1] in ("[", "{", '"', "'"):
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise UserError(f"--params_override: the value of '{key}' is not valid yaml: {raw}") from None
+    return raw
+
+
+def _split_top_level(text):
+    """Split on the commas outside brackets and quotes."""
+    items, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [s.strip() for s in items if s.strip()]
+
+
+def options_of(config):
+    """{option name: value} of every leaf of a config instance."""
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(f.type):
+            out.update(options_of(value))
+        else:
+            out[f.metadata["option"]] = value
+    return out
+
+
+def to_argv(groups, options):
+    """The command line of a script taking `groups` for {option: value}: `--name=value` for each value that
+    differs from the args.py default (lists: one flag per item)."""
+    argv = []
+    for group in groups:
+        for f in dataclasses.fields(group):
+            if f.name not in options:
+                continue
+            value = options[f.name]
+            default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            if value == default or value is None:
+                continue
+            for item in value if isinstance(value, list) else [value]:
+                argv.append(f"--{f.name}={str(item).lower() if isinstance(item, bool) else item}")
+    return argv
+
+
+def to_yaml(config, indent=0):
+    """The config as nested yaml, each leaf commented with the flag it is."""
+    lines = []
+    for f in dataclasses.fields(config):
+        value, pad = getattr(config, f.name), "  " * indent
+        if dataclasses.is_dataclass(f.type):
+            lines.append(f"{pad}{f.name}:")
+            lines.append(to_yaml(value, indent + 1))
+        else:
+            option = f.metadata["option"]
+            flag = f"create_config.py --{option}" if option in DRIVER_READ else f"--{option}"
+            if option in SECRETS and value is not None:
+                value, flag = None, f"{flag} (given, not written: a secret)"
+            text = yaml.safe_dump([value], default_flow_style=True, width=float("inf")).strip()[1:-1]
+            lines.append(f"{pad}{f.name}: {text}  # {flag}")
+    return "\n".join(lines)
+
+
+def printable(argv):
+    """argv with the values of SECRETS hidden."""
+    return [a.split("=", 1)[0] + "=***" if a.split("=", 1)[0].lstrip("-") in SECRETS else a for a in argv]

@@ -1,0 +1,99 @@
+#!/usr/bin/env python
+"""Fine-tune BERT/RoBERTa to classify (or score) sentences and sentence pairs: GLUE-style sentence prediction.
+
+Pipeline: options -> output directory -> tokenizer -> examples and their labels -> model (the encoder of
+--model_name_or_path, e.g. what run_mlm_flax.py exported, with a new classification head) -> token rows ->
+training over all devices with evaluation (loss, accuracy and the task's metrics) and checkpoints -> predictions
+files -> export in Hugging Face format (AutoModelForSequenceClassification) to --output_dir.
+
+    python run_classification.py --output_dir runs/sst2 --model_name_or_path runs/my-model \
+        --train_file train.tsv --validation_file dev.tsv --task_name sst2 --learning_rate 2e-5 --num_train_epochs 3
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.args import DataArgs, ModelArgs, SentencePredictionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.errors import run_main  # noqa: E402
+
+
+def main(argv=None):
+    model_args, source, data_args, task_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs, argv=argv,
+        prog="run_classification.py", description=__doc__)
+    from flaxlm import mesh as meshlib
+    from flaxlm.batches import ShuffledRows
+    from flaxlm.mlm import resolve_seq_len
+    from flaxlm.models import split_model
+    from flaxlm.models.hf_io import load_config
+    from flaxlm.output_dir import check_hub_access, prepare_output_dir, start_fresh
+    from flaxlm.pipeline import batch_sizes, export, pretrain, total_train_steps
+    from flaxlm.sentence_data import label_names, load_examples, majority_baseline, token_rows
+    from flaxlm.sentence_prediction import load_classifier, resolve_task, sentence_objective, write_predictions
+    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+    from flaxlm.train_loop import collect_predictions
+
+    meshlib.maybe_initialize_distributed(args)
+    prepare_output_dir(args)
+    if args.push_to_hub:
+        check_hub_access(args.hub_token or model_args.token)
+    task = resolve_task(task_args, source.text_column)
+
+    # Examples and their labels (class names sorted; a checkpoint's own order kept when it names the same).
+    examples = load_examples(source, task, data_args.validation_split_percentage, args.seed,
+                             include_test=args.do_predict, max_train_samples=data_args.max_train_samples,
+                             max_eval_samples=data_args.max_eval_samples)
+    model_path = model_args.model_name_or_path or model_args.config_name
+    names = None
+    if not task.is_regression:
+        existing = load_config(model_path).id2label if model_path else None
+        names = label_names(examples["train"], existing)
+
+    # Tokenizer and model: the pretrained encoder with a classification head.
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_path, model_args.token,
+                               trust_remote_code=model_args.trust_remote_code)
+    config, model = load_classifier(model_args, task, names, seed=args.seed)
+    check_fits(tokenizer, config)
+    seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
+    graphdef, params = split_model(model)
+
+    # Token rows, each split's in example order.
+    rows = token_rows(examples, tokenizer, seq_len, config, names)
+    width = rows["train"]["input_ids"].shape[1]
+    for split, r in rows.items():
+        line = f"{split}: {len(r['labels'])} examples of {width} tokens ({examples[split].where})"
+        if names is not None and examples[split].labels is not None:
+            acc, majority = majority_baseline(r["labels"])
+            line += f"; always predicting the majority class '{names[majority]}' scores accuracy {acc:.4f}"
+        print(line, flush=True)
+
+    # Devices, batch sizes and the rows of each step.
+    mesh = meshlib.make_mesh()
+    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
+    total_steps = total_train_steps(args, train_rows, streaming=False)
+    labeled_test = rows["test"] if "test" in rows and examples["test"].labels is not None else None
+    start_fresh(args)  # inputs all read
+
+    # Train, evaluating the loss, accuracy and the task's metrics over the whole validation set.
+    objective = sentence_objective(graphdef, config, task, width, tokenizer.pad_token_id)
+    params = pretrain(args, model_args, params, objective, train_rows, rows["validation"], total_steps, mesh,
+                      micro_batch, eval_batch, labeled_test)
+    if params is None:  # --eval_checkpoints: an evaluation job
+        return
+
+    # Predictions files (index, predicted label) and the export in Hugging Face format.
+    for split, do in (("validation", args.do_eval), ("test", args.do_predict)):
+        if do:
+            outputs = collect_predictions(params, objective, rows[split], eval_batch, mesh)
+            if meshlib.is_main_process():
+                path = os.path.join(args.output_dir, f"predictions_{split}.tsv")
+                write_predictions(path, task, outputs["logits"], names)
+                print(f"wrote the {split} predictions to {path}", flush=True)
+    export(args, model_args, config, params, tokenizer, "transformers.AutoModelForSequenceClassification")
+
+
+if __name__ == "__main__":
+    run_main(main)

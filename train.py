@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""Run a registered experiment (TensorFlow Model Garden style) through the same code as the run_*.py scripts.
+
+    python train.py --experiment=bert/sentence_prediction --mode=train_and_eval --model_dir=runs/sst2 \
+        --config_file=configs/models/roberta_base.yaml --config_file=configs/experiments/sst2.yaml \
+        --params_override=task.model.model_name_or_path=runs/my-roberta,trainer.optimizer.learning_rate=2e-5
+
+Pipeline: the experiment's typed config (flaxlm.experiment_registry) <- each --config_file (nested yaml) in
+order <- each --params_override -> printed and written to model_dir/experiment.yaml -> for a model pretrained
+from scratch, its config.json in model_dir from task.model.preset (create_config.py) -> the experiment's script
+run with the flat flags of that config (the same parsing and checks as its own command line), --mode
+deciding between training, evaluation and continuous evaluation of model_dir's checkpoints.
+"""
+import importlib
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.cli import _build_parser, parse_args  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.experiment_config import options_of, printable, resolve, to_argv, to_yaml  # noqa: E402
+from flaxlm.args import DriverArgs  # noqa: E402
+from flaxlm.experiment_registry import EXPERIMENTS, MODE_OPTIONS, get_experiment  # noqa: E402
+
+CONFIG_FILE = "experiment.yaml"  # what a training run writes; an evaluation job writes experiment_{mode}.yaml
+
+
+def main(argv=None):
+    flags, config_files = parse_driver_flags(argv)
+    experiment = get_experiment(flags.experiment)
+    mode = flags.mode
+
+    # The typed config: registry defaults < config files in order < overrides in order.
+    config = resolve(experiment.config_class(), config_files, flags.params_override or [])
+    header = f"# train.py --experiment={experiment.name} --mode={mode}: {experiment.about}\n"
+    if flags.print_config:
+        print(header + to_yaml(config))
+        return
+    model_dir = flags.model_dir
+    if not model_dir:
+        raise UserError("missing --model_dir (the run's directory: checkpoints, logs, the export)")
+    training = mode in ("train", "train_and_eval")
+
+    # The script's options: the config's leaves, the ones --mode and --model_dir set, and a model built from
+    # task.model.preset when pretraining from scratch.
+    options = {**options_of(config), **MODE_OPTIONS[mode], "output_dir": model_dir}
+    from_preset = (experiment.pretraining and config.task.model.preset and not config.task.model.config_name
+                   and not config.task.model.model_name_or_path)
+    if from_preset:
+        if training and not config.task.model.tokenizer_name:
+            raise UserError(f"task.model.preset {config.task.model.preset} needs task.model.tokenizer_name (a "
+                            f"tokenizer from train_tokenizer.py) for the vocabulary size; set it, or give "
+                            f"task.model.config_name")
+        options["config_name"] = model_dir
+    elif config.task.model.preset:  # the model comes from a checkpoint or a config instead
+        print(f"task.model.preset {config.task.model.preset} is not used: {experiment.name} takes the model "
+              f"of task.model.model_name_or_path / task.model.config_name")
+    if training and _holds_only_ours(model_dir):  # train.py's own files (below) may be replaced by this run
+        options["overwrite_output_dir"] = True
+    argv = to_argv(experiment.groups, options)
+
+    # The script's own parsing and output-directory rule, before anything is written.
+    from flaxlm.args import TrainingArgs
+    from flaxlm.output_dir import prepare_output_dir
+    args = next(a for a in parse_args(*experiment.groups, argv=argv, prog=f"{experiment.script}.py")
+                if isinstance(a, TrainingArgs))
+    prepare_output_dir(args)
+    config_file = os.path.join(model_dir, CONFIG_FILE if training else f"experiment_{mode}.yaml")
+    _write(config_file, header + to_yaml(config) + "\n")
+    print(f"{header}{to_yaml(config)}\n(written to {config_file})", flush=True)
+    if from_preset:
+        write_model_config(config.task.model, model_dir, fresh=training and not args.resume_from_checkpoint)
+
+    print(f"running: {shlex.join([experiment.script + '.py', *printable(argv)])}", flush=True)
+    importlib.import_module(experiment.script).main(argv)
+
+
+def parse_driver_flags(argv):
+    """(DriverArgs, the --config_file paths) from train.py's command line."""
+    parser = _build_parser([DriverArgs], "train.py", __doc__.splitlines()[0])
+    parser._option_string_actions["--config_file"].help = ("nested yaml of the experiment's keys (task:, trainer:, "
+                                                           "...); repeatable, later files win")
+    ns = vars(parser.parse_args(argv))
+    config_files = ns.pop("config_file")
+    if "experiment" not in ns:
+        raise UserError(f"missing --experiment; known experiments: {', '.join(EXPERIMENTS)}")
+    return DriverArgs(**ns), config_files
+
+
+def write_model_config(model, model_dir, fresh):
+    """model_dir/config.json from task.model.preset, sized to the tokenizer (create_config.py). A run that
+    continues model_dir (resuming, or an evaluation job) uses the one already there."""
+    path = os.path.join(model_dir, "config.json")
+    if not fresh:
+        if not os.path.exists(path):
+            raise UserError(f"{path} does not exist: this run reads the model config its training run wrote to "
+                            f"model_dir; start the training job first, or set task.model.config_name")
+        print(f"model config: {path} (written when the training run started)")
+        return
+    import create_config
+    create_config.main(["--preset", model.preset, "--output_dir", model_dir, "--tokenizer_name",
+                        model.tokenizer_name, "--overwrite_output_dir", "true",
+                        *(["--set", *model.config_overrides] if model.config_overrides else [])])
+
+
+def _holds_only_ours(model_dir):
+    """Whether model_dir is absent, empty, or holds only what train.py writes before its script starts (a run
+    that stopped before training did)."""
+    names = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else set()
+    return not names or (CONFIG_FILE in names and names <= {CONFIG_FILE, "config.json"})
+
+
+def _write(path, text):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    run_main(main)
