@@ -28,17 +28,14 @@ def main(argv=None):
     from flaxlm.mlm import resolve_seq_len
     from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
-    from flaxlm.output_dir import check_hub_access, prepare_output_dir, start_fresh
-    from flaxlm.pipeline import batch_sizes, export, pretrain, total_train_steps
+    from flaxlm.output_dir import start_fresh
+    from flaxlm.pipeline import batch_sizes, export, pretrain, start_run, total_train_steps
     from flaxlm.sentence_data import label_names, load_examples, majority_baseline, token_rows
     from flaxlm.sentence_prediction import load_classifier, resolve_task, sentence_objective, write_predictions
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
     from flaxlm.train_loop import collect_predictions
 
-    meshlib.maybe_initialize_distributed(args)
-    prepare_output_dir(args)
-    if args.push_to_hub:
-        check_hub_access(args.hub_token or model_args.token)
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     task = resolve_task(task_args, source.text_column)
 
     # Examples and their labels (class names sorted; a checkpoint's own order kept when it names the same).

@@ -32,14 +32,11 @@ def main(argv=None):
     from flaxlm.clm import clm_objective, resolve_block_size
     from flaxlm.data import load_raw_text, tokenize_and_group
     from flaxlm.models import CAUSAL_LM_TYPES, split_model
-    from flaxlm.output_dir import check_hub_access, prepare_output_dir, start_fresh
-    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, training_rows
+    from flaxlm.output_dir import start_fresh
+    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
 
-    meshlib.maybe_initialize_distributed(args)
-    prepare_output_dir(args)
-    if args.push_to_hub:
-        check_hub_access(args.hub_token or model_args.token)
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,

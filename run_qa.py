@@ -33,18 +33,15 @@ def main(argv=None):
     from flaxlm.batches import ShuffledRows
     from flaxlm.mlm import resolve_seq_len
     from flaxlm.models import load_for_task, split_model
-    from flaxlm.output_dir import check_hub_access, prepare_output_dir, start_fresh
-    from flaxlm.pipeline import batch_sizes, export, pretrain, total_train_steps
+    from flaxlm.output_dir import start_fresh
+    from flaxlm.pipeline import batch_sizes, check_model_type, export, pretrain, start_run, total_train_steps
     from flaxlm.squad import read_squad, squad_windows
     from flaxlm.squad_objective import predicted_answers, squad_objective
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
     from flaxlm.train_loop import collect_predictions
 
     check_sources(source, args)
-    meshlib.maybe_initialize_distributed(args)
-    prepare_output_dir(args)
-    if args.push_to_hub:
-        check_hub_access(args.hub_token or model_args.token)
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model: the pretrained encoder with a start/end layer (new unless the checkpoint has one).
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
@@ -53,9 +50,7 @@ def main(argv=None):
     if not model_path:
         raise UserError("no model given; pass --model_name_or_path DIR (e.g. a run_mlm_flax.py output directory)")
     config, model = load_for_task(model_path, "question_answering", dtype=model_args.dtype, seed=args.seed)
-    if model_args.model_type and model_args.model_type != config.model_type:
-        raise UserError(f"--model_type {model_args.model_type} does not match the config's model_type "
-                        f"{config.model_type}; drop --model_type or use a {model_args.model_type} model")
+    check_model_type(model_args, config)
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     graphdef, params = split_model(model)

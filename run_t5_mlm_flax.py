@@ -29,16 +29,13 @@ def main(argv=None):
     from flaxlm import mesh as meshlib
     from flaxlm.data import load_raw_text, tokenize_and_group
     from flaxlm.models import split_model
-    from flaxlm.output_dir import check_hub_access, prepare_output_dir, start_fresh
-    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, training_rows
+    from flaxlm.output_dir import start_fresh
+    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
     from flaxlm.span_corruption import SpanCorruptor
     from flaxlm.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
 
-    meshlib.maybe_initialize_distributed(args)
-    prepare_output_dir(args)
-    if args.push_to_hub:
-        check_hub_access(args.hub_token or model_args.token)
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer, model and the corruption's lengths: raw chunk -> input of max_seq_length + target.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,

@@ -173,8 +173,9 @@ class SentencePredictionArgs:
     sentence2_column: str | None = option(help="column of the second sentence of a pair task")
     label_column: str = option("label", help="column of the label (class name, class id or a number)")
     is_regression: bool = option(False, help="predict a number (mean squared error) instead of a class")
-    metric: str | None = option(help="the metric to report and select on: accuracy, f1, matthews, pearson, spearman "
-                                     "(default: GLUE's for --task_name, else accuracy or pearson)")
+    metric: str | None = option(help="the metrics every evaluation reports besides the loss, comma-separated: accuracy, "
+                                     "f1, matthews (classification); pearson, spearman (regression) (default: GLUE's "
+                                     "for --task_name, else accuracy or pearson)")
 
 
 @dataclass

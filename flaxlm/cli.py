@@ -150,18 +150,7 @@ def load_config_files(paths, fields_by_name, script):
     """Merge yaml files into {option: value} for this script, with clear errors."""
     merged = {}
     for path in paths:
-        if not os.path.isfile(path):
-            raise UserError(f"config file {path} does not exist; pass an existing yaml file to --config_file")
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh)
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"config file {path} is not valid yaml ({first}); fix the file") from None
-        if data is None:
-            continue
-        if not isinstance(data, dict):
-            raise UserError(f"config file {path} must hold a mapping of option: value, not a {type(data).__name__}")
+        data = read_yaml_mapping(path, "a mapping of option: value")
         section = data.get(script) or {}
         if not isinstance(section, dict):
             raise UserError(f"config file {path}: section '{script}' must be a mapping of option: value")
@@ -180,6 +169,24 @@ def load_config_files(paths, fields_by_name, script):
                 _unknown(key, fields_by_name, f"config file {path}, section '{script}'")
             merged[key] = _coerce(fields_by_name[key], value, f"config file {path}")
     return merged
+
+
+def read_yaml_mapping(path, what):
+    """A --config_file's mapping ({} when empty); a missing file, bad yaml or something other than a mapping
+    (`what` says what it should hold) is one clear error."""
+    if not os.path.isfile(path):
+        raise UserError(f"config file {path} does not exist; pass an existing yaml file to --config_file")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"config file {path} is not valid yaml ({first}); fix the file") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold {what}, not a {type(data).__name__}")
+    return data
 
 
 def _unknown(key, fields_by_name, where):

@@ -10,13 +10,12 @@ back into {option: value} and to_argv() into the script's command line.
 """
 import dataclasses
 import difflib
-import os
 import types
 import typing
 
 import yaml
 
-from flaxlm.cli import _coerce, check_range
+from flaxlm.cli import _coerce, check_range, read_yaml_mapping
 from flaxlm.errors import UserError
 
 # section: its leaves, "leaf" (the option's own name) or "leaf=option".
@@ -199,20 +198,7 @@ def _unknown(path, known_leaves, known_sections, source):
 
 def load_yaml(path):
     """A config file's nested mapping ({} when empty), with one-line errors."""
-    if not os.path.isfile(path):
-        raise UserError(f"config file {path} does not exist; pass an existing yaml file to --config_file")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"config file {path} is not valid yaml ({first}); fix the file") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"config file {path} must hold a nested mapping of keys (task:, trainer:, ...), "
-                        f"not a {type(data).__name__}")
-    return data
+    return read_yaml_mapping(path, "a nested mapping of keys (task:, trainer:, ...)")
 
 
 def parse_override(text):

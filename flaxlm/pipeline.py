@@ -14,6 +14,17 @@ SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "ru
               "gpt2": "run_clm_flax.py", "opt": "run_clm_flax.py", "llama": "run_clm_flax.py"}
 
 
+def start_run(args, model_args):
+    """What every training script does first: join the other hosts of a multi-host run, check --output_dir
+    (flaxlm.output_dir) and, with --push_to_hub, the hub access, before any work."""
+    from flaxlm import mesh as meshlib
+    from flaxlm.output_dir import check_hub_access, prepare_output_dir
+    meshlib.maybe_initialize_distributed(args)
+    prepare_output_dir(args)
+    if args.push_to_hub:
+        check_hub_access(args.hub_token or model_args.token)
+
+
 def load_model(model_args, seed, model_types, script):
     """(config, model): continued from --model_name_or_path, or new from --config_name; the config's
     model_type must be one of model_types (those `script` trains)."""
@@ -29,14 +40,19 @@ def load_model(model_args, seed, model_types, script):
         hint = f"use {other}" if other else f"use a {' or '.join(model_types)} config"
         raise UserError(f"{path} holds a {config.model_type} model but {script} trains {', '.join(model_types)}; "
                         f"{hint}")
-    if model_args.model_type and model_args.model_type != config.model_type:
-        raise UserError(f"--model_type {model_args.model_type} does not match the config's model_type "
-                        f"{config.model_type}; drop --model_type or use a {model_args.model_type} config")
+    check_model_type(model_args, config)
     if model_args.model_name_or_path:
         config, model = load_pretrained(model_args.model_name_or_path, dtype=model_args.dtype)
     else:
         model = create_model(config, dtype=model_args.dtype, seed=seed)
     return config, model
+
+
+def check_model_type(model_args, config):
+    """UserError when --model_type names another family than the model's config.json."""
+    if model_args.model_type and model_args.model_type != config.model_type:
+        raise UserError(f"--model_type {model_args.model_type} does not match the config's model_type "
+                        f"{config.model_type}; drop --model_type or use a {model_args.model_type} model")
 
 
 def batch_sizes(args, mesh):

@@ -78,6 +78,7 @@ def load_classifier(model_args, task, label_names, seed):
     has one for these labels), or a fresh model from --config_name. label_names None: regression (1 output)."""
     from flaxlm.models import TASK_MODEL_TYPES, create_model
     from flaxlm.models.hf_io import has_weights, load_config, load_for_task, resolve_dir, task_config
+    from flaxlm.pipeline import check_model_type
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
         raise UserError("no model given; pass --model_name_or_path DIR (a pretrained BERT/RoBERTa, e.g. the "
@@ -85,9 +86,7 @@ def load_classifier(model_args, task, label_names, seed):
     config = load_config(path)
     if config.model_type not in TASK_MODEL_TYPES:
         raise UserError(f"{path} holds a {config.model_type} model; sentence prediction fine-tunes BERT or RoBERTa")
-    if model_args.model_type and model_args.model_type != config.model_type:
-        raise UserError(f"--model_type {model_args.model_type} does not match the config's model_type "
-                        f"{config.model_type}; drop --model_type or use a {model_args.model_type} model")
+    check_model_type(model_args, config)
     head = dict(id2label=None if task.is_regression else dict(enumerate(label_names)),
                 num_labels=1 if task.is_regression else None,
                 problem_type="regression" if task.is_regression else "single_label_classification")
