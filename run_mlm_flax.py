@@ -47,9 +47,10 @@ def main(argv=None):
     mesh = meshlib.make_mesh()
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
-    # Text -> token rows of seq_len -> the rows of each step.
+    # Text -> token rows of seq_len (--line_by_line: lines packed into rows) -> the rows of each step.
     raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
     data = tokenize_and_group(raw, tokenizer, seq_len, line_by_line=data_args.line_by_line,
+                              pack_lines=data_args.pack_lines,
                               num_workers=data_args.preprocessing_num_workers,
                               overwrite_cache=data_args.overwrite_cache,
                               max_train_samples=data_args.max_train_samples,

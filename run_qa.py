@@ -34,7 +34,8 @@ def main(argv=None):
     from flaxlm.mlm import resolve_seq_len
     from flaxlm.models import load_for_task, split_model
     from flaxlm.output_dir import start_fresh
-    from flaxlm.pipeline import batch_sizes, check_model_type, export, pretrain, start_run, total_train_steps
+    from flaxlm.pipeline import (batch_sizes, check_model_type, export, model_execution, pretrain, start_run,
+                                 total_train_steps)
     from flaxlm.squad import read_squad, squad_windows
     from flaxlm.squad_objective import predicted_answers, squad_objective
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
@@ -49,7 +50,8 @@ def main(argv=None):
     model_path = model_args.model_name_or_path or model_args.config_name
     if not model_path:
         raise UserError("no model given; pass --model_name_or_path DIR (e.g. a run_mlm_flax.py output directory)")
-    config, model = load_for_task(model_path, "question_answering", dtype=model_args.dtype, seed=args.seed)
+    config, model = load_for_task(model_path, "question_answering", dtype=model_args.dtype, seed=args.seed,
+                                  execution=model_execution(model_args))
     check_model_type(model_args, config)
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)

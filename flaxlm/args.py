@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from flaxlm.cli import option, required
 
 DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")  # flaxlm.models.layer_stack
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 @dataclass
@@ -22,6 +24,17 @@ class ModelArgs:
                         help="compute dtype; parameters stay float32 (bfloat16 is the fast choice on TPU/GPU)")
     token: str | None = option(help="hub token for private models and datasets")
     trust_remote_code: bool = option(False, help="allow code from the hub (off unless asked for)")
+    scan_layers: bool = option(False, help="run the identical layers under jax.lax.scan: compiles one layer instead "
+                                           "of N, same results (the saved weights are unchanged)")
+    remat_policy: str = option("none", choices=REMAT_POLICIES,
+                               help="recompute each layer's activations in the backward pass instead of keeping them: "
+                                    "less memory for more compute. full keeps nothing (about one more forward pass), "
+                                    "dots_saveable keeps the matmul outputs, dots_with_no_batch_dims_saveable those of "
+                                    "the weight matmuls only, none keeps everything")
+    attention_implementation: str = option("auto", choices=ATTENTION_IMPLEMENTATIONS,
+                                           help="cudnn = fused flash attention on NVIDIA GPUs, bf16/fp16 only (used "
+                                                "where attention dropout is off: eval, or a rate of 0); xla = "
+                                                "XLA's; auto lets JAX choose")
 
 
 @dataclass
@@ -46,6 +59,8 @@ class DataArgs:
     max_train_samples: int | None = option(help="use only this many training examples (for quick runs)")
     max_eval_samples: int | None = option(help="use only this many validation examples")
     line_by_line: bool = option(False, help="one example per non-empty line instead of packed blocks")
+    pack_lines: bool = option(True, help="with --line_by_line: several lines share a row, each attending only to "
+                                         "itself with positions restarting (--pack_lines false: one line per row)")
     pad_to_max_length: bool = option(False, help="pad every example to max_seq_length (always done: static "
                                                  "shapes); accepted for compatibility")
     mlm_probability: float = option(0.15, help="fraction of tokens masked for the MLM loss (T5: the noise "
@@ -113,6 +128,9 @@ class TrainingArgs:
                                                "results go to eval_metrics.jsonl there")
     eval_timeout: float = option(3600.0, help="with --eval_checkpoints all: stop after this many seconds without "
                                               "a new checkpoint")
+    compilation_cache_dir: str = option("auto", help="where compiled steps are kept so that a rerun or a resumed "
+                                                      "run does not compile again ('auto': ~/.cache/flaxlm/jax or "
+                                                      "$XDG_CACHE_HOME/flaxlm/jax; 'none': off)")
     sharding: str = option("data", choices=("data", "fsdp"),
                            help="data: every device holds the whole params and optimizer state; fsdp: their large "
                                 "arrays are split over the devices (models too big to replicate)")

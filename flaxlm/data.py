@@ -4,6 +4,9 @@
     rows = tokenize_and_group(raw, tokenizer, 512)  # {"train": Dataset}, column "input_ids", int32 [N, 512]
     x = rows["train"][idx]["input_ids"]             # numpy int32 [len(idx), 512]
 
+With line_by_line each non-blank line is one sequence (its own special tokens, truncated to the row length);
+with pack_lines too, several sequences share a row, numbered by a second column "segment_ids" (flaxlm.packing).
+
 Grouped mode packs text as Hugging Face's run_mlm_flax.py does: each text is tokenized with its
 special tokens (`<s> ... </s>`), a batch of 1000 texts is concatenated and cut into blocks, and the
 batch's remainder (< one block) is dropped. With --streaming the same rows come lazily from a
@@ -26,6 +29,7 @@ import numpy as np
 from datasets.fingerprint import Hasher
 
 from flaxlm.errors import UserError, decode_utf8_line
+from flaxlm.packing import fill_rows, greedy_pack, one_per_row
 
 # extension -> (datasets builder, builder options); .gz/.bz2/.xz/.zst around any of them work too
 BUILDERS = {
@@ -296,18 +300,20 @@ def _hold_out(ds, percentage, seed, where):
 # token rows
 
 
-def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_line=False, document_eos=None,
-                       num_workers=None, overwrite_cache=False, max_train_samples=None,
+def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_line=False, pack_lines=False,
+                       document_eos=None, num_workers=None, overwrite_cache=False, max_train_samples=None,
                        max_eval_samples=None) -> dict:
     """{split: rows}: every row exactly max_seq_length int32 token ids.
 
     Grouped (default): texts tokenized with special tokens, concatenated per batch of 1000 texts,
     cut into blocks; each batch's remainder is dropped (as Hugging Face does; with num_workers the
     batches start afresh at each worker's shard). line_by_line: one row per non-blank line,
-    truncated and right-padded with the pad id. Datasets come back cached by `datasets` (keyed by
-    the text's fingerprint, the tokenizer and the settings; overwrite_cache redoes it) and in numpy
-    format: ds[idx]["input_ids"] is int32 [len(idx), L]. IterableDatasets give StreamingRows.
-    max_*_samples keep the first rows.
+    truncated and right-padded with the pad id; with pack_lines, those lines packed greedily in order
+    into rows (flaxlm.packing: the last row of each batch of 1000 texts may be short), and a column
+    "segment_ids" numbers the lines of each row 1, 2, ... (0 = padding). Datasets come back cached by
+    `datasets` (keyed by the text's fingerprint, the tokenizer and the settings; overwrite_cache redoes
+    it) and in numpy format: ds[idx]["input_ids"] is int32 [len(idx), L]. IterableDatasets give
+    StreamingRows (which do not pack lines: one row per line). max_*_samples keep the first rows.
 
     document_eos (the causal-LM mode): a text that does not end in a line break is a whole document,
     tokenized with the tokenizer's special tokens and ending in the id document_eos; lines that keep
@@ -315,8 +321,13 @@ def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_lin
     """
     if line_by_line and tokenizer.pad_token_id is None:
         raise UserError("the tokenizer has no pad token, which --line_by_line needs; add one or drop --line_by_line")
+    pack_lines = bool(line_by_line and pack_lines)
+    if pack_lines and any(isinstance(ds, datasets.IterableDataset) for ds in raw.values()):
+        pack_lines = False
+        print("note: --streaming makes one row per line (packing lines into rows needs a cached dataset: drop "
+              "--streaming to pack them)", flush=True)
     make = functools.partial(_make_rows, tokenizer=tokenizer, max_seq_length=max_seq_length,
-                             line_by_line=line_by_line, document_eos=document_eos)
+                             line_by_line=line_by_line, document_eos=document_eos, pack_lines=pack_lines)
     limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
     out = {}
     for split, ds in raw.items():
@@ -324,8 +335,8 @@ def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_lin
             rows = StreamingRows(ds, make, max_seq_length, max_rows=limits.get(split))
             empty = next(iter(rows), None) is None
         else:
-            rows = _map_rows(ds, make, tokenizer, max_seq_length, (line_by_line, document_eos), num_workers,
-                             overwrite_cache)
+            rows = _map_rows(ds, make, tokenizer, max_seq_length, (line_by_line, document_eos, pack_lines),
+                             num_workers, overwrite_cache)
             if limits.get(split) is not None:
                 rows = rows.select(range(min(limits[split], len(rows))))
             empty = len(rows) == 0
@@ -336,9 +347,13 @@ def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_lin
     return out
 
 
-def as_numpy_rows(ds) -> np.ndarray:
-    """All rows of a tokenized Dataset as one int32 [N, L] array."""
-    return np.asarray(ds.with_format("numpy", dtype=np.int32)[:]["input_ids"], dtype=np.int32)
+def as_numpy_rows(ds):
+    """All rows of a tokenized Dataset as one int32 [N, L] array, or for packed lines a dict of two:
+    {"input_ids": [N, L], "segment_ids": [N, L]} (the training loop takes either)."""
+    columns = ds.with_format("numpy", dtype=np.int32)[:]
+    if "segment_ids" in ds.column_names:
+        return {k: np.asarray(columns[k], dtype=np.int32) for k in ("input_ids", "segment_ids")}
+    return np.asarray(columns["input_ids"], dtype=np.int32)
 
 
 def iter_rows(rows, skip: int = 0):
@@ -371,16 +386,15 @@ def _encode_documents(tokenizer, texts, eos):
     return out
 
 
-def _make_rows(texts, tokenizer, max_seq_length, line_by_line, document_eos=None):
-    """int32 [n, L] rows from one batch of texts."""
+def _make_rows(texts, tokenizer, max_seq_length, line_by_line, document_eos=None, pack_lines=False):
+    """int32 [n, L] rows from one batch of texts; packed lines give {"input_ids", "segment_ids"}, [n, L] each."""
     if line_by_line:
         lines = [line for t in texts for line in t.splitlines() if line.strip()]
-        ids = _encode(tokenizer, lines, truncation=True, max_length=max_seq_length) if lines else []
-        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        rows = np.full((len(ids), max_seq_length), tokenizer.pad_token_id, np.int32)
-        rows[np.arange(max_seq_length) < lengths[:, None]] = np.fromiter(itertools.chain.from_iterable(ids),
-                                                                           np.int32, int(lengths.sum()))
-        return rows
+        ids = _encode(tokenizer, lines, truncation=True, max_length=max_seq_length)
+        lengths_S = np.fromiter(map(len, ids), np.int64, len(ids))
+        row_S, start_S = greedy_pack(lengths_S, max_seq_length) if pack_lines else one_per_row(len(ids))
+        rows, segment_ids = fill_rows(ids, row_S, start_S, max_seq_length, tokenizer.pad_token_id)
+        return {"input_ids": rows, "segment_ids": segment_ids} if pack_lines else rows
     ids = _encode(tokenizer, texts) if document_eos is None else _encode_documents(tokenizer, texts, document_eos)
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, sum(map(len, ids)))
     n = len(flat) // max_seq_length
@@ -388,7 +402,8 @@ def _make_rows(texts, tokenizer, max_seq_length, line_by_line, document_eos=None
 
 
 def _rows_batch(batch, make):
-    return {"input_ids": make(batch["text"])}
+    rows = make(batch["text"])
+    return rows if isinstance(rows, dict) else {"input_ids": rows}
 
 
 def _tokenizer_hash(tokenizer):
@@ -402,11 +417,12 @@ def _tokenizer_hash(tokenizer):
 
 
 def _map_rows(ds, make, tokenizer, max_seq_length, mode, num_workers, overwrite_cache):
-    line_by_line, document_eos = mode
+    line_by_line, document_eos, pack_lines = mode
     fingerprint = Hasher.hash([ds._fingerprint, _tokenizer_hash(tokenizer), max_seq_length, line_by_line,
-                               document_eos, GROUP_BATCH, _CACHE_VERSION])
-    features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"), length=max_seq_length)})
-    mode = "one row per line" if line_by_line else "blocks"
+                               document_eos, pack_lines, GROUP_BATCH, _CACHE_VERSION])
+    row = datasets.List(datasets.Value("int32"), length=max_seq_length)
+    features = datasets.Features({"input_ids": row, **({"segment_ids": row} if pack_lines else {})})
+    mode = "packed lines" if pack_lines else "one row per line" if line_by_line else "blocks"
     rows = ds.map(_rows_batch, fn_kwargs={"make": make}, batched=True, batch_size=GROUP_BATCH,
                   remove_columns=ds.column_names, features=features, num_proc=num_workers,
                   load_from_cache_file=not overwrite_cache, new_fingerprint=fingerprint,

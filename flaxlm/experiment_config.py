@@ -21,9 +21,9 @@ from flaxlm.errors import UserError
 # section: its leaves, "leaf" (the option's own name) or "leaf=option".
 LAYOUT = {
     "task.model": "model_name_or_path model_type config_name tokenizer_name use_fast_tokenizer dtype token "
-                  "trust_remote_code preset config_overrides=set",
+                  "trust_remote_code scan_layers remat_policy attention_implementation preset config_overrides=set",
     "task.data": "dataset_name dataset_config_name text_column streaming cache_dir validation_split_percentage "
-                 "max_seq_length block_size keep_linebreaks line_by_line pad_to_max_length "
+                 "max_seq_length block_size keep_linebreaks line_by_line pack_lines pad_to_max_length "
                  "preprocessing_num_workers overwrite_cache",
     "task.train_data": "input_path=train_file per_device_batch_size=per_device_train_batch_size "
                        "global_batch_size=train_batch_size max_samples=max_train_samples",
@@ -40,7 +40,7 @@ LAYOUT = {
                "peak_flops report_to",
     "trainer.optimizer": "learning_rate weight_decay adam_beta1 adam_beta2 adam_epsilon adafactor warmup_steps "
                          "max_grad_norm",
-    "runtime": "sharding coordinator_address num_processes process_id",
+    "runtime": "compilation_cache_dir sharding coordinator_address num_processes process_id",
     "export": "push_to_hub hub_model_id hub_token",
 }
 # Options train.py sets itself from its own flags; they have no key.

@@ -24,12 +24,17 @@ import jax
 import jax.numpy as jnp
 
 CPU_CHUNK_ROWS = 256  # [256, V] float32 logits: 8 MiB at V = 8192; see the timings in head_xent
+ACCELERATOR_CHUNK_LOGITS = 1 << 26  # 256 MiB of float32 logits per chunk and device: big matmuls, bounded memory
 
 
-def default_chunk_rows(platform=None):
-    """Rows per chunk and device: CPU_CHUNK_ROWS on CPU; elsewhere None (one chunk: accelerators want the big
-    matmuls, and the logits' passes are cheap in their memory)."""
-    return CPU_CHUNK_ROWS if (platform or jax.devices()[0].platform) == "cpu" else None
+def default_chunk_rows(vocab_size, platform=None):
+    """Rows per chunk and device: CPU_CHUNK_ROWS on CPU (the chunk's logits stay in cache); elsewhere as many
+    as keep a chunk's logits near ACCELERATOR_CHUNK_LOGITS (at least 1024 rows, for big matmuls), so that
+    long sequences times a large vocabulary (GPT-2: 32 x 1024 rows x 50257 = 6.6 GB of float32 logits) never
+    materialize at once."""
+    if (platform or jax.devices()[0].platform) == "cpu":
+        return CPU_CHUNK_ROWS
+    return max(1024, ACCELERATOR_CHUNK_LOGITS // vocab_size)
 
 
 def head_loss_sums(h_BTD, head, labels_BT, weights_BT, chunk_rows=None):
@@ -52,16 +57,16 @@ def head_xent(h_BTD, weight, labels_BT, weights_BT, *, tied, dtype=jnp.float32, 
 
     The chunks are slices of the T axis, all B rows each, so that a batch split over devices along B stays
     split: each device runs about chunk_rows of its own rows at a time (the batch taken as split over
-    `shards` devices, default all of them). chunk_rows None: default_chunk_rows(); None there: one chunk.
+    `shards` devices, default all of them). chunk_rows None: default_chunk_rows(V); 0: one chunk.
     On a 2-core CPU with V = 8192, D = 256 and 1016 rows, the value and gradient took ~25% less time than
     the unfused path with 192-384 rows per chunk, less gain at 128 and 512, none at 64 (thin matmuls);
     with only 160-232 rows in all, about the same time.
     """
     B, T, _ = h_BTD.shape
     if chunk_rows is None:
-        chunk_rows = default_chunk_rows()
+        chunk_rows = default_chunk_rows(weight.shape[0 if tied else 1])
     shards = jax.device_count() if shards is None else shards
-    n, Tc = (1, T) if chunk_rows is None else chunking(B, T, chunk_rows, shards)
+    n, Tc = (1, T) if not chunk_rows else chunking(B, T, chunk_rows, shards)
     return _head_xent(h_BTD, weight, bias_V, labels_BT.astype(jnp.int32), weights_BT.astype(jnp.float32),
                       bool(tied), jnp.dtype(dtype).name, n, Tc)
 

@@ -1,7 +1,9 @@
 """BERT masking for masked-LM pretraining: vectorized numpy, deterministic under a seed.
 
 Rules (those of BERT's create_pretraining_data.py, applied per row):
-- maskable positions are those holding neither a special token nor padding; n = their count.
+- maskable positions are those holding neither a special token nor padding; n = their count. Packed
+  rows (several sequences per row, flaxlm.packing) are masked as one row: the special tokens that frame
+  each sequence and the padding (segment 0) are never chosen, and each token's chance stays the same.
 - exactly k = round(mlm_probability * n) of them are chosen (at least 1 when n > 0), uniformly at
   random without replacement.
 - each chosen position, independently: 80% becomes the mask token, 10% a random token drawn
@@ -79,9 +81,14 @@ class MLMMasker:
         n = math.prod(shape)
         return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n].reshape(shape)
 
-    def __call__(self, ids_BL, rng):
-        """Mask ids_BL [B, L] (L == seq_len) with rng (np.random.Generator); returns a dict of arrays."""
-        ids_BL = np.asarray(ids_BL, dtype=np.int32)
+    def __call__(self, rows, rng):
+        """Mask rows with rng (np.random.Generator); returns a dict of arrays. rows: token ids [B, L]
+        (L == seq_len), or packed rows {"input_ids": [B, L], "segment_ids": [B, L]}, whose segment ids then
+        come along in the batch (the encoder keeps each sequence to itself) and mark the padding."""
+        segment_ids_BL = None
+        if isinstance(rows, dict):
+            rows, segment_ids_BL = rows["input_ids"], np.asarray(rows["segment_ids"], dtype=np.int32)
+        ids_BL = np.asarray(rows, dtype=np.int32)
         if ids_BL.ndim != 2 or ids_BL.shape[1] != self.seq_len:
             raise ValueError(f"expected token ids of shape [batch, {self.seq_len}], got {ids_BL.shape}")
         B, L = ids_BL.shape
@@ -89,6 +96,8 @@ class MLMMasker:
 
         # Which positions may be chosen, and how many are chosen per row.
         maskable_BL = np.take(self._maskable_V, ids_BL)
+        if segment_ids_BL is not None:
+            maskable_BL &= segment_ids_BL > 0
         n_B = maskable_BL.sum(axis=1, dtype=np.int32)
         k_B = np.where(n_B > 0, np.maximum(1, np.rint(self.mlm_probability * n_B)), 0).astype(np.int32)
 
@@ -114,14 +123,19 @@ class MLMMasker:
         rows_BP = np.broadcast_to(np.arange(B)[:, None], (B, P))
         input_ids_BL[rows_BP[real_BP], pos_BP[real_BP]] = new_BP[real_BP]
 
-        if self.pad_token_id is None:
+        if segment_ids_BL is not None:
+            attention_mask_BL = (segment_ids_BL > 0).astype(np.int32)
+        elif self.pad_token_id is None:
             attention_mask_BL = np.ones((B, L), dtype=np.int32)
         else:
             attention_mask_BL = (ids_BL != self.pad_token_id).astype(np.int32)
-        return {
+        batch = {
             "input_ids": input_ids_BL,
             "attention_mask": attention_mask_BL,
             "masked_positions": pos_BP,
             "masked_labels": labels_BP,
             "masked_weights": real_BP.astype(np.float32),
         }
+        if segment_ids_BL is not None:
+            batch["segment_ids"] = segment_ids_BL
+        return batch

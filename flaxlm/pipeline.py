@@ -16,11 +16,13 @@ SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "ru
 
 def start_run(args, model_args):
     """What every training script does first: join the other hosts of a multi-host run, check --output_dir
-    (flaxlm.output_dir) and, with --push_to_hub, the hub access, before any work."""
+    (flaxlm.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access."""
     from flaxlm import mesh as meshlib
+    from flaxlm.compile_cache import enable_compilation_cache
     from flaxlm.output_dir import check_hub_access, prepare_output_dir
     meshlib.maybe_initialize_distributed(args)
     prepare_output_dir(args)
+    enable_compilation_cache(args.compilation_cache_dir)
     if args.push_to_hub:
         check_hub_access(args.hub_token or model_args.token)
 
@@ -42,10 +44,18 @@ def load_model(model_args, seed, model_types, script):
                         f"{hint}")
     check_model_type(model_args, config)
     if model_args.model_name_or_path:
-        config, model = load_pretrained(model_args.model_name_or_path, dtype=model_args.dtype)
+        config, model = load_pretrained(model_args.model_name_or_path, dtype=model_args.dtype,
+                                        execution=model_execution(model_args))
     else:
-        model = create_model(config, dtype=model_args.dtype, seed=seed)
+        model = create_model(config, dtype=model_args.dtype, seed=seed, execution=model_execution(model_args))
     return config, model
+
+
+def model_execution(model_args):
+    """How the model's layers run, from --scan_layers, --remat_policy and --attention_implementation."""
+    from flaxlm.models.layer_stack import Execution
+    return Execution(scan=model_args.scan_layers, remat=model_args.remat_policy,
+                     attention=model_args.attention_implementation)
 
 
 def check_model_type(model_args, config):

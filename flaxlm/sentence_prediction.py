@@ -78,7 +78,7 @@ def load_classifier(model_args, task, label_names, seed):
     has one for these labels), or a fresh model from --config_name. label_names None: regression (1 output)."""
     from flaxlm.models import TASK_MODEL_TYPES, create_model
     from flaxlm.models.hf_io import has_weights, load_config, load_for_task, resolve_dir, task_config
-    from flaxlm.pipeline import check_model_type
+    from flaxlm.pipeline import check_model_type, model_execution
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
         raise UserError("no model given; pass --model_name_or_path DIR (a pretrained BERT/RoBERTa, e.g. the "
@@ -95,9 +95,11 @@ def load_classifier(model_args, task, label_names, seed):
         if not has_weights(resolve_dir(path)):
             raise UserError(f"no model weights (model.safetensors) in {path}; pass a pretrained model directory, "
                             f"or --config_name {path} to train from scratch")
-        return load_for_task(path, kind, dtype=model_args.dtype, seed=seed, **head)
+        return load_for_task(path, kind, dtype=model_args.dtype, seed=seed, execution=model_execution(model_args),
+                             **head)
     config = task_config(config, kind, **head)
-    return config, create_model(config, dtype=model_args.dtype, seed=seed, task=kind)
+    return config, create_model(config, dtype=model_args.dtype, seed=seed, task=kind,
+                                execution=model_execution(model_args))
 
 
 def sentence_objective(graphdef, config, task, width, pad_id):

@@ -2,8 +2,8 @@
 
 One jitted train step over the device mesh (params replicated, batch split), gradient accumulation
 inside the step, loss normalized by the global count of target tokens, a fresh dropout key per step,
-periodic logging (loss, tokens/s, MFU), evaluation over the whole validation set, Orbax checkpoints
-and exact resume. What differs between objectives comes in as an Objective.
+periodic logging (loss, tokens/s, MFU, the host's data time per step), evaluation over the whole
+validation set, Orbax checkpoints and exact resume. What differs between objectives comes in as an Objective.
 
 A run survives: SIGTERM/SIGINT saves and exits 0 (flaxlm.preemption), a non-finite step is never
 applied and stops the run past --skip_nonfinite_steps (flaxlm.divergence), resume skips unreadable
@@ -21,12 +21,14 @@ import optax
 from tqdm.auto import tqdm
 
 from flaxlm import mesh as meshlib
-from flaxlm.batches import eval_batches, num_rows
+from flaxlm.batches import StreamRows, eval_batches, num_rows
 from flaxlm.checkpoint import Checkpointer, check_room, restore_for_resume
 from flaxlm.divergence import NonFiniteSteps, guard_update
 from flaxlm.errors import UserError
 from flaxlm.flops import device_peak_flops
 from flaxlm.preemption import Preempted, StopOnSignal
+
+DATA_SHARE_NOTE = 0.05  # say so when the host's data work takes more of the step time than this
 
 
 @dataclasses.dataclass
@@ -212,7 +214,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     flops_per_step = global_batch * objective.flops_per_example
     base_key = jax.random.PRNGKey(seed)
     eval_every = args.eval_steps or args.logging_steps
-    pending, t_mark, timed = [], None, 0
+    pending, t_mark, timed, data_s = [], None, 0, 0.0  # data_s: host data work of the timed steps
     unchecked = []  # (step, device metrics) whose finiteness the host has not read yet
     nonfinite = NonFiniteSteps(args.skip_nonfinite_steps, checkpointer.newest_description)
     if start < total_steps:
@@ -237,7 +239,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
             nonfinite.check(step, jax.device_get(metrics))
 
     def log_train(done):
-        nonlocal pending, timed, t_mark
+        nonlocal pending, timed, t_mark, data_s
         host = jax.device_get(pending)
         good = [m for m in host if m["finite"]]
         row = {k: float(np.mean([m[k] for m in good or host])) for k in host[0] if k != "finite"}
@@ -248,22 +250,28 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
             elapsed = time.perf_counter() - t_mark
             row["tokens_per_s"] = tokens_per_step * timed / elapsed
             row["step_ms"] = 1000 * elapsed / timed
+            row["data_ms"] = 1000 * data_s / timed
+            row["data_share"] = min(1.0, data_s / elapsed)
             if peak_total:
                 row["mfu"] = flops_per_step * timed / elapsed / peak_total
         log.write(done, "train", row)
         bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row.get('tokens_per_s', 0):.0f}")
-        pending, timed, t_mark = [], 0, time.perf_counter()
+        if row.get("data_share", 0) > DATA_SHARE_NOTE:
+            _say(f"step {done}: {describe_data_share(row, isinstance(train_rows, StreamRows))}")
+        pending, timed, t_mark, data_s = [], 0, time.perf_counter(), 0.0
 
     try:
         with StopOnSignal() as stop:
             if args.eval_at_start and start == 0 and args.do_eval and eval_rows is not None:
                 run_eval(0)
             for step in range(start, total_steps):
+                t_data = time.perf_counter()  # the host's data work for this step
                 rows = train_rows.batch_rows(step, local)
                 batch = objective.collate(rows, collate_rng(seed, 1, step))
                 if accum > 1:
                     batch = {k: v.reshape(accum, -1, *v.shape[1:]) for k, v in batch.items()}
                 batch = meshlib.to_device_batch(batch, batch_sharding)
+                t_data = time.perf_counter() - t_data
                 state, metrics = train_step(state, batch, jax.random.fold_in(base_key, step))
                 done = step + 1
                 pending.append(metrics)
@@ -275,6 +283,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                     t_mark, timed = time.perf_counter(), 0
                 else:
                     timed += 1
+                    data_s += t_data
                 if done % args.logging_steps == 0 or done == total_steps:
                     check_finite(keep_last=0)
                     log_train(done)
@@ -303,6 +312,17 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     if test_rows is not None:
         run_eval(max(start, total_steps), "test", test_rows)
     return gather_to_host_readable(state["params"])  # fsdp over hosts: whole arrays for the export
+
+
+def describe_data_share(row, streaming):
+    """A note that the host's per-step data work (reading rows, masking, copying to the devices) takes
+    row["data_share"] of the step time, with what may lower it."""
+    hint = ("--streaming tokenizes inside the loop: tokenize ahead instead (drop --streaming, use "
+            "--preprocessing_num_workers N)" if streaming else
+            "the host prepares each batch while the device runs the previous step, so on an accelerator this "
+            "slows training only near 100%; on CPU the two share the cores")
+    return (f"host data work is {row['data_share']:.0%} of step time ({row['data_ms']:.1f} of "
+            f"{row['step_ms']:.1f} ms); {hint}")
 
 
 def describe_metrics(result):

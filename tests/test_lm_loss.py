@@ -9,7 +9,7 @@ import transformers
 
 from flaxlm import models
 from flaxlm.clm import clm_objective, collate_blocks
-from flaxlm.lm_loss import chunking, head_xent
+from flaxlm.lm_loss import chunking, default_chunk_rows, head_xent
 from flaxlm.mlm import mlm_objective
 from flaxlm.mlm_masking import MLMMasker
 from flaxlm.models.layers import lm_logits
@@ -52,7 +52,7 @@ def assert_close(a, b, tol=1e-5):
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
-@pytest.mark.parametrize("chunk_rows", [3, 7, 10, 256, None])  # 1, 2 (padded), 3 (padded), 11 positions
+@pytest.mark.parametrize("chunk_rows", [3, 7, 10, 256, None, 0])  # 1, 2 (padded), 3 (padded), 11 positions; 0: one
 def test_values_and_gradients_match_optax(tied, with_bias, chunk_rows):
     h, weight, bias, labels, weights = problem(tied)
     bias = bias if with_bias else None
@@ -214,3 +214,12 @@ def test_objectives_match_logits_and_optax(task):
     grads = jax.jit(grads, static_argnums=0)
     for g_ours, g_ref in zip(jax.tree.leaves(grads(objective.loss_sums)), jax.tree.leaves(grads(plain))):
         assert_close(g_ours, g_ref, 2e-5)
+
+
+def test_accelerator_chunks_bound_the_logits_of_long_sequences():
+    # GPT-2 on an accelerator: 32 rows x 1024 positions x 50257 would be 6.6 GB of float32 logits at once
+    rows = default_chunk_rows(50257, platform="gpu")
+    n, positions = chunking(32, 1024, rows, shards=1)
+    assert n > 1 and 32 * positions * 50257 * 4 <= 300 * 2 ** 20
+    assert default_chunk_rows(50257, platform="cpu") == 256
+    assert default_chunk_rows(1000, platform="tpu") >= 1024  # a small vocabulary still gets big matmuls

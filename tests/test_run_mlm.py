@@ -49,6 +49,9 @@ def test_end_to_end_export_loads_in_transformers(model_dir, corpus, tmp_path):
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in eval_rows] == [3, 6]
     assert all(np.isfinite(r["loss"]) and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in train_rows[1:])
+    for r in train_rows[1:]:  # the host's data work per step, and its share of the step's wall time
+        assert r["data_ms"] >= 0 and 0 <= r["data_share"] <= 1
+        assert r["data_share"] == pytest.approx(r["data_ms"] / r["step_ms"], abs=1e-5)
     assert os.listdir(out / "checkpoints") == ["6"]  # save_total_limit 1
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(out / "tensorboard"))
 

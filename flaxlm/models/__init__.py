@@ -7,6 +7,9 @@
     logits = apply_model(graphdef, params, ids_BL, mask_BL, positions_BL, dropout_key=key)  # causal LMs
     h, head = apply_hidden(graphdef, params, ...same arguments...)  # the head's input rows and the head itself
 
+How the layers run (a loop or jax.lax.scan, rematerialization, the attention kernel): create_model(config,
+execution=Execution(scan=True, remat="full")) (flaxlm.models.layer_stack); the params are the same either way.
+
 Fine-tuning heads (BERT/RoBERTa): create_model(config, task="sequence_classification" or "question_answering"),
 or load_for_task(path, task) for the encoder of a pretrained checkpoint with that head (flaxlm.models.hf_io).
 """
@@ -17,6 +20,8 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import bert, bert_heads, gpt2, llama, opt, t5
+from flaxlm.models.layer_stack import Execution
+from flaxlm.models.layers import compute_dtype
 
 # config.model_type -> module class taking (config, *, dtype, rngs). Later families register here.
 MODELS = {
@@ -50,10 +55,14 @@ def model_class(config, task=None):
     return TASK_MODELS[task]
 
 
-def create_model(config, dtype="float32", seed=0, task=None):
+def create_model(config, dtype="float32", seed=0, task=None, execution=None):
     """A freshly initialized model for `config` (a transformers config); parameters float32. task None: the
-    family's pretraining model; "sequence_classification" / "question_answering": that head on the encoder."""
-    return model_class(config, task)(config, dtype=dtype, rngs=nnx.Rngs(seed))
+    family's pretraining model; "sequence_classification" / "question_answering": that head on the encoder.
+    execution: how its layers run (Execution; None: a plain loop, JAX's choice of attention)."""
+    cls = model_class(config, task)
+    if execution is not None:
+        execution.check(compute_dtype(dtype))
+    return cls(config, dtype=dtype, rngs=nnx.Rngs(seed), execution=execution)
 
 
 def _keys_to_str(tree):
@@ -101,9 +110,10 @@ def count_params(params):
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-def abstract_model(config, dtype="float32", task=None):
+def abstract_model(config, dtype="float32", task=None, execution=None):
     """(graphdef, params of jax.ShapeDtypeStruct) without allocating or initializing anything."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(config, dtype, task=task)), nnx.Param)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(config, dtype, task=task, execution=execution)),
+                                nnx.Param)
     return graphdef, _keys_to_str(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
                                                nnx.to_pure_dict(state)))
 
@@ -112,7 +122,7 @@ from flaxlm.models.hf_io import (  # noqa: E402  (hf_io uses the functions above
     from_hf_state_dict, load_config, load_for_task, load_pretrained, save_pretrained, to_hf_state_dict)
 
 __all__ = ["MODELS", "CAUSAL_LM_TYPES", "TASK_MODELS", "create_model", "load_for_task", "split_model", "merge_model", "apply_model", "apply_hidden",
-           "decay_mask",
+           "Execution", "decay_mask",
            "count_params",
            "abstract_model", "load_config", "load_pretrained", "save_pretrained", "to_hf_state_dict",
            "from_hf_state_dict"]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
+from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key
 
 
@@ -16,6 +17,20 @@ def roberta_position_ids(ids_BL, pad_id):
     """Hugging Face's create_position_ids_from_input_ids: pad_id + 1, pad_id + 2, ... for tokens, pad_id for pads."""
     not_pad_BL = (ids_BL != pad_id).astype(jnp.int32)
     return jnp.cumsum(not_pad_BL, axis=1) * not_pad_BL + pad_id
+
+
+def segment_positions(segment_ids_BL):
+    """Each token's index in its segment (packed rows, flaxlm.packing): 0, 1, ... restarting where the id changes."""
+    i_BL = jnp.broadcast_to(jnp.arange(segment_ids_BL.shape[1], dtype=jnp.int32), segment_ids_BL.shape)
+    starts_BL = jnp.concatenate([jnp.ones_like(segment_ids_BL[:, :1], bool),
+                                 segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1]], axis=1)
+    return i_BL - jnp.maximum.accumulate(jnp.where(starts_BL, i_BL, 0), axis=1)
+
+
+def segment_attention_mask(segment_ids_BL):
+    """[B, L, L] bool: a token attends only to tokens of its own segment (padding, segment 0, only to padding,
+    so that no row of the softmax is empty); each sequence of a packed row is then computed as if alone."""
+    return segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :]
 
 
 def gather_rows(x_BLD, positions_BP):
@@ -42,8 +57,12 @@ class Embeddings(nnx.Module):
         if self.roberta_positions:
             self.position.embedding[...] = self.position.embedding[...].at[self.pad_id].set(0.0)
 
-    def __call__(self, ids_BL, token_type_ids_BL, key):
-        if self.roberta_positions:
+    def __call__(self, ids_BL, token_type_ids_BL, key, segment_ids_BL=None):
+        if segment_ids_BL is not None:  # packed rows: positions restart at every sequence
+            pos_BL = segment_positions(segment_ids_BL)
+            if self.roberta_positions:
+                pos_BL = jnp.where(segment_ids_BL > 0, pos_BL + self.pad_id + 1, self.pad_id)
+        elif self.roberta_positions:
             pos_BL = roberta_position_ids(ids_BL, self.pad_id)
         else:
             pos_BL = jnp.arange(ids_BL.shape[1], dtype=jnp.int32)[None, :]
@@ -53,7 +72,7 @@ class Embeddings(nnx.Module):
 
 
 class SelfAttention(nnx.Module):
-    def __init__(self, config, dtype, rngs):
+    def __init__(self, config, dtype, rngs, execution):
         D, std = config.hidden_size, config.initializer_range
         self.query = dense(D, D, dtype, std, rngs)
         self.key = dense(D, D, dtype, std, rngs)
@@ -61,6 +80,7 @@ class SelfAttention(nnx.Module):
         self.out = dense(D, D, dtype, std, rngs)
         self.num_heads = config.num_attention_heads
         self.dropout_rate = config.attention_probs_dropout_prob
+        self.implementation = execution.attention_implementation
 
     def __call__(self, x_BLD, mask_BL, key, xq_BTD=None):
         """Self-attention of x, [B * T, D]; with xq_BTD (a subset of x's rows) only those rows ask the queries.
@@ -71,14 +91,15 @@ class SelfAttention(nnx.Module):
         q_MD, k_MD, v_MD = self.query(xq_BTD.reshape(B * T, D)), self.key(x_MD), self.value(x_MD)
         q_BTNH, k_BLNH, v_BLNH = (q_MD.reshape(B, T, N, D // N), k_MD.reshape(B, L, N, D // N),
                                   v_MD.reshape(B, L, N, D // N))
-        o_BTNH = attention(q_BTNH, k_BLNH, v_BLNH, mask_BL, dropout_rate=self.dropout_rate, dropout_key=key)
+        o_BTNH = attention(q_BTNH, k_BLNH, v_BLNH, mask_BL, dropout_rate=self.dropout_rate, dropout_key=key,
+                           implementation=self.implementation)
         return self.out(o_BTNH.reshape(B * T, D))
 
 
 class EncoderLayer(nnx.Module):
-    def __init__(self, config, dtype, rngs):
+    def __init__(self, config, dtype, rngs, execution):
         D, F, std = config.hidden_size, config.intermediate_size, config.initializer_range
-        self.attn = SelfAttention(config, dtype, rngs)
+        self.attn = SelfAttention(config, dtype, rngs, execution)
         self.attn_norm = LayerNorm(D, config.layer_norm_eps, rngs)
         self.mlp_in = dense(D, F, dtype, std, rngs)
         self.mlp_out = dense(F, D, dtype, std, rngs)
@@ -90,6 +111,8 @@ class EncoderLayer(nnx.Module):
         """The layer's output at every position, or only at positions_BP ([B, P, D]): every position is
         still attended to, but queries, residuals and the MLP run on those P rows alone."""
         xq_BTD = x_BLD if positions_BP is None else gather_rows(x_BLD, positions_BP)
+        if positions_BP is not None and mask_BL is not None and mask_BL.ndim == 3:  # per-query mask: those rows
+            mask_BL = gather_rows(mask_BL, positions_BP)
         B, T, D = xq_BTD.shape
         a_MD = self.attn(x_BLD, mask_BL, fold_key(key, 0), xq_BTD)  # M = B * T rows
         y_MD = self.attn_norm(xq_BTD.reshape(B * T, D) + dropout(a_MD, self.dropout_rate, fold_key(key, 1)))
@@ -123,47 +146,57 @@ class MlmHead(nnx.Module):
 
 class BertEncoder(nnx.Module):
     """The BERT / RoBERTa encoder (embeddings + post-LayerNorm layers) that every head builds on; its parameters
-    sit at the top level (embeddings, layers) so each model's paths are those of BertForMaskedLM."""
+    sit at the top level (embeddings, layers) so each model's paths are those of BertForMaskedLM. execution: how
+    the layers run (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
-    def __init__(self, config, *, dtype="float32", rngs):
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
         if config.hidden_size % config.num_attention_heads:
             raise UserError(f"hidden_size {config.hidden_size} is not a multiple of num_attention_heads "
                             f"{config.num_attention_heads}; fix config.json")
         activation(config.hidden_act)  # fail early on an unsupported activation
         dtype = compute_dtype(dtype)
         self.embeddings = Embeddings(config, dtype, rngs)
-        self.layers = nnx.List([EncoderLayer(config, dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.execution = execution or Execution()
+        self.layers = nnx.List([EncoderLayer(config, dtype, rngs, self.execution)
+                                for _ in range(config.num_hidden_layers)])
         self.dtype = dtype
 
     def encode(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, dropout_key=None,
-               last_positions_BP=None):
+               last_positions_BP=None, segment_ids_BL=None):
         """The last layer's output [B, L, D] (in the compute dtype), or [B, P, D] at last_positions_BP only
-        (the last layer then computes only those rows); dropout_key=None is eval mode."""
+        (the last layer then computes only those rows); dropout_key=None is eval mode. segment_ids_BL: packed
+        rows (1, 2, ... per sequence, 0 = padding): each sequence attends to itself only, positions restart."""
         if token_type_ids_BL is None:
             token_type_ids_BL = jnp.zeros_like(input_ids_BL)
-        x_BLD = self.embeddings(input_ids_BL, token_type_ids_BL, fold_key(dropout_key, 0))
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x_BLD = layer(x_BLD, attention_mask_BL, fold_key(dropout_key, i + 1),
-                          last_positions_BP if i == last else None)
-        if last_positions_BP is not None and last < 0:
-            x_BLD = gather_rows(x_BLD, last_positions_BP)
+        if segment_ids_BL is not None:  # the mask is [B, L, L] from here
+            attention_mask_BL = segment_attention_mask(segment_ids_BL)
+        x_BLD = self.embeddings(input_ids_BL, token_type_ids_BL, fold_key(dropout_key, 0), segment_ids_BL)
+        layers = list(self.layers)
+        uniform = layers if last_positions_BP is None or not layers else layers[:-1]  # the last differs: below
+        x_BLD = run_layers(uniform, x_BLD, lambda i, layer, x, _: layer(x, attention_mask_BL,
+                                                                        fold_key(dropout_key, i + 1)),
+                           self.execution)
+        if last_positions_BP is not None:
+            x_BLD = (layers[-1](x_BLD, attention_mask_BL, fold_key(dropout_key, len(layers)), last_positions_BP)
+                     if layers else gather_rows(x_BLD, last_positions_BP))
         return x_BLD
 
 
 class BertForMaskedLM(BertEncoder):
     """BERT or RoBERTa encoder with its masked-LM head, named as in Hugging Face's *ForMaskedLM."""
 
-    def __init__(self, config, *, dtype="float32", rngs):
-        super().__init__(config, dtype=dtype, rngs=rngs)
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
         self.mlm_head = MlmHead(config, self.dtype, rngs)
 
     def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *,
-                 masked_positions_BP=None, dropout_key=None, hidden=False):
+                 masked_positions_BP=None, dropout_key=None, hidden=False, segment_ids_BL=None):
         """Logits (float32) [B, L, V], or [B, P, V] at masked_positions_BP; dropout_key=None is eval mode.
-        With hidden=True the rows [B, L or P, D] that the tied decoder multiplies instead (see head())."""
+        With hidden=True the rows [B, L or P, D] that the tied decoder multiplies instead (see head()).
+        segment_ids_BL: packed rows, each sequence computed as if alone (see encode)."""
         # Only the masked positions feed the head, so the last layer computes only their rows.
-        x_BLD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, dropout_key, masked_positions_BP)
+        x_BLD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, dropout_key, masked_positions_BP,
+                            segment_ids_BL=segment_ids_BL)
         if hidden:
             return self.mlm_head.transform(x_BLD)
         return self.mlm_head(x_BLD, self.embeddings.word.embedding[...])

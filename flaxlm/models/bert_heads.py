@@ -23,8 +23,8 @@ def classifier_dropout(config):
 
 
 class BertForSequenceClassification(BertEncoder):
-    def __init__(self, config, *, dtype="float32", rngs):
-        super().__init__(config, dtype=dtype, rngs=rngs)
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
         D, std = config.hidden_size, config.initializer_range
         self.pooler = dense(D, D, self.dtype, std, rngs)
         self.classifier = dense(D, config.num_labels, jnp.float32, std, rngs)
@@ -44,8 +44,8 @@ class BertForSequenceClassification(BertEncoder):
 
 
 class BertForQuestionAnswering(BertEncoder):
-    def __init__(self, config, *, dtype="float32", rngs):
-        super().__init__(config, dtype=dtype, rngs=rngs)
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
         self.qa_outputs = dense(config.hidden_size, 2, jnp.float32, config.initializer_range, rngs)
 
     def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None):

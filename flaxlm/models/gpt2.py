@@ -16,6 +16,7 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
+from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key,
                                   split_last)
 
@@ -26,7 +27,7 @@ def embed(n, d, std, rngs):
 
 
 class Attention(nnx.Module):
-    def __init__(self, config, layer_idx, dtype, rngs):
+    def __init__(self, config, layer_idx, dtype, rngs, execution):
         D, std = config.n_embd, config.initializer_range
         self.qkv = dense(D, 3 * D, dtype, std, rngs)  # Hugging Face's c_attn: [q | k | v]
         # Hugging Face scales the residual projections by 1/sqrt(2 * layers) at initialization
@@ -36,6 +37,7 @@ class Attention(nnx.Module):
         self.scale = (D // config.n_head) ** -0.5 if config.scale_attn_weights else 1.0
         if config.scale_attn_by_inverse_layer_idx:
             self.scale /= layer_idx + 1
+        self.implementation = execution.attention_implementation
 
     def __call__(self, x_BTD, mask_BL, key, kv=None, index=None, visible_BTS=None):
         (B, T, D), N = x_BTD.shape, self.num_heads
@@ -43,18 +45,18 @@ class Attention(nnx.Module):
         q_BTNH, k_BTNH, v_BTNH = (t.reshape(B, T, N, D // N) for t in (q_MD, k_MD, v_MD))
         if kv is None:
             o_BTNH = attention(q_BTNH, k_BTNH, v_BTNH, mask_BL, causal=True, scale=self.scale,
-                               dropout_rate=self.dropout_rate, dropout_key=key)
+                               dropout_rate=self.dropout_rate, dropout_key=key, implementation=self.implementation)
         else:
             o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTNH, v_BTNH, index, visible_BTS, scale=self.scale)
         return self.out(o_BTNH.reshape(B * T, D)), kv
 
 
 class Block(nnx.Module):
-    def __init__(self, config, layer_idx, dtype, rngs):
+    def __init__(self, config, layer_idx, dtype, rngs, execution):
         D, std = config.n_embd, config.initializer_range
         F = config.n_inner or 4 * D
         self.attn_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
-        self.attn = Attention(config, layer_idx, dtype, rngs)
+        self.attn = Attention(config, layer_idx, dtype, rngs, execution)
         self.mlp_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
         self.fc_in = dense(D, F, dtype, std, rngs)
         self.fc_out = dense(F, D, dtype, std / math.sqrt(2 * config.n_layer), rngs)
@@ -70,9 +72,10 @@ class Block(nnx.Module):
 
 
 class GPT2LMHeadModel(nnx.Module):
-    """GPT-2 with its LM head (tied to wte unless config.tie_word_embeddings is false)."""
+    """GPT-2 with its LM head (tied to wte unless config.tie_word_embeddings is false); execution: how the
+    layers run (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
-    def __init__(self, config, *, dtype="float32", rngs):
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
         if config.n_embd % config.n_head:
             raise UserError(f"n_embd {config.n_embd} is not a multiple of n_head {config.n_head}; fix config.json")
         if getattr(config, "add_cross_attention", False):
@@ -82,7 +85,8 @@ class GPT2LMHeadModel(nnx.Module):
         D, std = config.n_embd, config.initializer_range
         self.embed = embed(config.vocab_size, D, std, rngs)
         self.position = embed(config.n_positions, D, std, rngs)
-        self.layers = nnx.List([Block(config, i, self.dtype, rngs) for i in range(config.n_layer)])
+        self.execution = execution or Execution()
+        self.layers = nnx.List([Block(config, i, self.dtype, rngs, self.execution) for i in range(config.n_layer)])
         self.final_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
         self.tied = getattr(config, "tie_word_embeddings", True)
         if not self.tied:
@@ -104,7 +108,8 @@ class GPT2LMHeadModel(nnx.Module):
         x_BLD = dropout(x_BLD.astype(self.dtype), self.dropout_rate, fold_key(dropout_key, 0))
         x_BLD, cache = kv_cache.run_layers(
             self.layers, x_BLD, attention_mask_BL, cache,
-            lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached))
+            lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached),
+            self.execution)
         h_BLD = self.final_norm(x_BLD)
         out = h_BLD if hidden else self.head().logits(h_BLD)
         return out if cache is None else (out, cache)

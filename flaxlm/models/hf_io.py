@@ -636,8 +636,9 @@ def read_safetensors(path):
     return tensors
 
 
-def load_pretrained(path, dtype="float32", *, seed=0):
-    """(config, model) from a directory holding config.json + safetensors (or a hub name); compute in dtype.
+def load_pretrained(path, dtype="float32", *, seed=0, execution=None):
+    """(config, model) from a directory holding config.json + safetensors (or a hub name); compute in dtype,
+    the layers run as `execution` says (flaxlm.models.layer_stack.Execution; None: a plain loop).
 
     A bare BERT/RoBERTa encoder checkpoint gets a fresh MLM head initialized from `seed` (logged as a warning).
     """
@@ -647,7 +648,7 @@ def load_pretrained(path, dtype="float32", *, seed=0):
     path = resolve_dir(path)
     config = load_config(path)
     _name_map(config)
-    graphdef, _ = models.abstract_model(config, dtype)
+    graphdef, _ = models.abstract_model(config, dtype, execution=execution)
     params = from_hf_state_dict(config, read_safetensors(path), seed=seed)
     return config, models.merge_model(graphdef, jax.tree.map(jnp.asarray, params))
 
@@ -676,12 +677,14 @@ def task_config(config, task, *, num_labels=None, id2label=None, problem_type=No
     return config
 
 
-def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2label=None, problem_type=None):
+def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2label=None, problem_type=None,
+                  execution=None):
     """(config, model) for fine-tuning: the BERT/RoBERTa encoder in directory `path` (a masked-LM export, a bare
     encoder or a checkpoint that has this task's head already) with the task's head (flaxlm.models.bert_heads),
     task "sequence_classification" or "question_answering". A head the checkpoint lacks starts fresh from
     `seed` (one warning), pretraining heads are dropped (a note); a directory holding only config.json gives a
-    freshly initialized model. The config gets num_labels / id2label / label2id / problem_type (task_config)."""
+    freshly initialized model. The config gets num_labels / id2label / label2id / problem_type (task_config).
+    execution: how the layers run (flaxlm.models.layer_stack.Execution; None: a plain loop)."""
     import jax
     import jax.numpy as jnp
 
@@ -692,7 +695,7 @@ def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2la
     if not has_weights(path):
         logger.warning("no weights in %s (only config.json): the %s model starts freshly initialized", path,
                        config.model_type)
-        return config, models.create_model(config, dtype=dtype, seed=seed, task=task)
-    graphdef, _ = models.abstract_model(config, dtype, task)
+        return config, models.create_model(config, dtype=dtype, seed=seed, task=task, execution=execution)
+    graphdef, _ = models.abstract_model(config, dtype, task, execution)
     params = from_hf_state_dict(config, read_safetensors(path), seed=seed, task=task)
     return config, models.merge_model(graphdef, jax.tree.map(jnp.asarray, params))

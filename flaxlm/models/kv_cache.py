@@ -12,6 +12,8 @@ query (left padding of a prompt) stays finite instead of attending to nothing.
 import jax
 import jax.numpy as jnp
 
+from flaxlm.models.layer_stack import run_layers as run_stack
+
 
 def init_cache(num_layers, batch, length, kv_heads, head_dim, dtype):
     """Per layer, keys [B * K, H, S] and values [B * K, S, H] (see attend), the slots' mask and the index."""
@@ -67,23 +69,22 @@ def finish_step(cache, ks, vs, T):
     return {**cache, "k": list(ks), "v": list(vs), "index": cache["index"] + T}
 
 
-def run_layers(layers, x_BTD, mask_BT, cache, call):
+def run_layers(layers, x_BTD, mask_BT, cache, call, execution=None):
     """x through the decoder layers, with the cache when one is given: call(i, layer, x_BTD, kv, index,
     visible_BTS) -> (x_BTD, kv) runs layer i (kv, index and visible_BTS are None without a cache).
-    Returns (x_BTD, the updated cache or None)."""
-    index = visible_BTS = None
-    if cache is not None:
-        mask_BT = jnp.ones(x_BTD.shape[:2], bool) if mask_BT is None else mask_BT
-        cache, visible_BTS = start_step(cache, mask_BT)
-        index = cache["index"]
+    Returns (x_BTD, the updated cache or None). Without a cache the layers run as `execution` says
+    (flaxlm.models.layer_stack: scanned and/or rematerialized; i may then be traced); with one, in a loop."""
+    if cache is None:
+        return run_stack(layers, x_BTD, lambda i, layer, x, _: call(i, layer, x, None, None, None)[0],
+                         execution), None
+    mask_BT = jnp.ones(x_BTD.shape[:2], bool) if mask_BT is None else mask_BT
+    cache, visible_BTS = start_step(cache, mask_BT)
     ks, vs = [], []
     for i, layer in enumerate(layers):
-        kv = None if cache is None else (cache["k"][i], cache["v"][i])
-        x_BTD, kv = call(i, layer, x_BTD, kv, index, visible_BTS)
-        if cache is not None:
-            ks.append(kv[0])
-            vs.append(kv[1])
-    return x_BTD, None if cache is None else finish_step(cache, ks, vs, x_BTD.shape[1])
+        x_BTD, (k, v) = call(i, layer, x_BTD, (cache["k"][i], cache["v"][i]), cache["index"], visible_BTS)
+        ks.append(k)
+        vs.append(v)
+    return x_BTD, finish_step(cache, ks, vs, x_BTD.shape[1])
 
 
 def default_positions(ids_BT, cache):

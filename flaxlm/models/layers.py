@@ -151,13 +151,14 @@ class LayerNorm(nnx.LayerNorm):
 
 
 def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dropout_rate=0.0,
-              dropout_key=None):
+              dropout_key=None, implementation=None):
     """Softmax attention. mask (bool, True = attend): [B, S] hides padding keys, [B, T, S] is a full
     per-query mask (the KV-cache path); causal: query t sees keys 0..t (T == S). K key/value heads may be
     fewer than the N query heads (grouped-query attention, N a multiple of K). scale defaults to H**-0.5.
 
-    Without dropout this is jax.nn.dot_product_attention; with a key and rate > 0 the probabilities are
-    computed explicitly (float32) so they can be dropped out as Hugging Face does.
+    Without dropout this is jax.nn.dot_product_attention (with `implementation`: None lets JAX choose, "xla",
+    "cudnn"); with a key and rate > 0 the probabilities are computed explicitly (float32) so they can be
+    dropped out as Hugging Face does.
     """
     (_, T, N, H), S = q_BTNH.shape, k_BSKH.shape[1]
     if mask is not None:
@@ -165,7 +166,8 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
         mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]  # [B, 1, T or 1, S]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     if dropout_key is None or dropout_rate == 0.0:
-        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask, is_causal=causal, scale=scale)
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask, is_causal=causal, scale=scale,
+                                            implementation=implementation)
     K = k_BSKH.shape[2]
     if K != N:  # repeat each key/value head for its group of query heads
         k_BSKH, v_BSKH = jnp.repeat(k_BSKH, N // K, axis=2), jnp.repeat(v_BSKH, N // K, axis=2)

@@ -20,6 +20,7 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.gpt2 import embed
+from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import LMHead, activation, attention, compute_dtype, dense, fold_key, split_last
 from flaxlm.models.t5 import RMSNorm  # T5LayerNorm == LlamaRMSNorm: float32 statistics, no mean, no bias
 
@@ -88,7 +89,7 @@ def fused_dense(x_MD, *linears):
 
 
 class Attention(nnx.Module):
-    def __init__(self, config, dtype, rngs):
+    def __init__(self, config, dtype, rngs, execution):
         (N, K, H), D = heads(config), config.hidden_size
         bias, std = config.attention_bias, config.initializer_range
         self.q_proj = dense(D, N * H, dtype, std, rngs, use_bias=bias)
@@ -97,6 +98,7 @@ class Attention(nnx.Module):
         self.o_proj = dense(N * H, D, dtype, std, rngs, use_bias=bias)
         self.num_heads, self.kv_heads, self.head_dim = N, K, H
         self.dropout_rate = config.attention_dropout
+        self.implementation = execution.attention_implementation
 
     def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
         (B, T, D), N, K, H = x_BTD.shape, self.num_heads, self.kv_heads, self.head_dim
@@ -106,7 +108,7 @@ class Attention(nnx.Module):
         v_BTKH = v_MX.reshape(B, T, K, H)
         if kv is None:
             o_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
-                               dropout_key=key)
+                               dropout_key=key, implementation=self.implementation)
         else:
             o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS)
         return self.o_proj(o_BTNH.reshape(B * T, N * H)), kv
@@ -128,10 +130,10 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config, dtype, rngs):
+    def __init__(self, config, dtype, rngs, execution):
         D, eps = config.hidden_size, config.rms_norm_eps
         self.attn_norm = RMSNorm(D, eps)
-        self.attn = Attention(config, dtype, rngs)
+        self.attn = Attention(config, dtype, rngs, execution)
         self.mlp_norm = RMSNorm(D, eps)
         self.mlp = MLP(config, dtype, rngs)
 
@@ -143,9 +145,10 @@ class Block(nnx.Module):
 
 
 class LlamaForCausalLM(nnx.Module):
-    """Llama with its LM head (untied unless config.tie_word_embeddings)."""
+    """Llama with its LM head (untied unless config.tie_word_embeddings); execution: how the layers run
+    (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
-    def __init__(self, config, *, dtype="float32", rngs):
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
         N, K, H = heads(config)
         if N % K:
             raise UserError(f"num_attention_heads {N} is not a multiple of num_key_value_heads {K}; fix config.json")
@@ -156,7 +159,9 @@ class LlamaForCausalLM(nnx.Module):
         self.dtype = compute_dtype(dtype)
         D, std = config.hidden_size, config.initializer_range
         self.embed = embed(config.vocab_size, D, std, rngs)
-        self.layers = nnx.List([Block(config, self.dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.execution = execution or Execution()
+        self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution)
+                                for _ in range(config.num_hidden_layers)])
         self.final_norm = RMSNorm(D, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tied:
@@ -177,7 +182,8 @@ class LlamaForCausalLM(nnx.Module):
         x_BLD, cache = kv_cache.run_layers(
             self.layers, x_BLD, attention_mask_BL, cache,
             lambda i, layer, x, *cached: layer(x, positions_BL, self.inv_freq, attention_mask_BL,
-                                               fold_key(dropout_key, i), *cached))
+                                               fold_key(dropout_key, i), *cached),
+            self.execution)
         h_BLD = self.final_norm(x_BLD)
         out = h_BLD if hidden else self.head().logits(h_BLD)
         return out if cache is None else (out, cache)

@@ -11,6 +11,7 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.gpt2 import embed
+from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key
 
 POSITION_OFFSET = 2  # OPT's embed_positions table has 2 extra leading rows; position p uses row p + 2
@@ -25,11 +26,12 @@ def layer_norm(config, rngs):
 
 
 class Attention(nnx.Module):
-    def __init__(self, config, dtype, rngs):
+    def __init__(self, config, dtype, rngs, execution):
         D, std, bias = config.hidden_size, config.init_std, config.enable_bias
         self.q, self.k, self.v, self.out = (dense(D, D, dtype, std, rngs, use_bias=bias) for _ in range(4))
         self.num_heads = config.num_attention_heads
         self.dropout_rate = config.attention_dropout
+        self.implementation = execution.attention_implementation
 
     def __call__(self, x_BTD, mask_BL, key, kv=None, index=None, visible_BTS=None):
         (B, T, D), N = x_BTD.shape, self.num_heads
@@ -37,17 +39,17 @@ class Attention(nnx.Module):
         q_BTNH, k_BTNH, v_BTNH = (proj(x_MD).reshape(B, T, N, D // N) for proj in (self.q, self.k, self.v))
         if kv is None:  # scale: head_dim ** -0.5, as OPT's
             o_BTNH = attention(q_BTNH, k_BTNH, v_BTNH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
-                               dropout_key=key)
+                               dropout_key=key, implementation=self.implementation)
         else:
             o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTNH, v_BTNH, index, visible_BTS)
         return self.out(o_BTNH.reshape(B * T, D)), kv
 
 
 class Block(nnx.Module):
-    def __init__(self, config, dtype, rngs):
+    def __init__(self, config, dtype, rngs, execution):
         D, F, std, bias = config.hidden_size, config.ffn_dim, config.init_std, config.enable_bias
         self.attn_norm = layer_norm(config, rngs)  # Hugging Face's self_attn_layer_norm
-        self.attn = Attention(config, dtype, rngs)
+        self.attn = Attention(config, dtype, rngs, execution)
         self.mlp_norm = layer_norm(config, rngs)  # Hugging Face's final_layer_norm (of the layer)
         self.fc_in = dense(D, F, dtype, std, rngs, use_bias=bias)
         self.fc_out = dense(F, D, dtype, std, rngs, use_bias=bias)
@@ -70,9 +72,10 @@ class Block(nnx.Module):
 
 
 class OPTForCausalLM(nnx.Module):
-    """OPT with its LM head (tied to the token embeddings unless config.tie_word_embeddings is false)."""
+    """OPT with its LM head (tied to the token embeddings unless config.tie_word_embeddings is false); execution:
+    how the layers run (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
-    def __init__(self, config, *, dtype="float32", rngs):
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
         D, W, V = config.hidden_size, config.word_embed_proj_dim, config.vocab_size
         if D % config.num_attention_heads:
             raise UserError(f"hidden_size {D} is not a multiple of num_attention_heads "
@@ -91,7 +94,9 @@ class OPTForCausalLM(nnx.Module):
             self.project_in = dense(W, D, self.dtype, std, rngs, use_bias=False)
             self.project_out = dense(D, W, self.dtype, std, rngs, use_bias=False)
         self.projected = W != D
-        self.layers = nnx.List([Block(config, self.dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.execution = execution or Execution()
+        self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution)
+                                for _ in range(config.num_hidden_layers)])
         final_norm = config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False)
         self.final_norm = layer_norm(config, rngs) if final_norm else None  # post-LN models have none
         self.tied = getattr(config, "tie_word_embeddings", True)
@@ -115,7 +120,8 @@ class OPTForCausalLM(nnx.Module):
         x_BLD = (e_BLD + self.position(positions_BL + POSITION_OFFSET)).astype(self.dtype)
         x_BLD, cache = kv_cache.run_layers(
             self.layers, x_BLD, attention_mask_BL, cache,
-            lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached))
+            lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached),
+            self.execution)
         h_BLW = self.head_input(x_BLD if self.final_norm is None else self.final_norm(x_BLD))
         out = h_BLW if hidden else self.head().logits(h_BLW)
         return out if cache is None else (out, cache)

@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
+from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import LMHead, activation, compute_dtype, dense, dropout, fold_key, split_last
 
 
@@ -90,14 +91,17 @@ def _add_shared_bias_bwd(_, g_BNTS):
 add_shared_bias.defvjp(_add_shared_bias_fwd, _add_shared_bias_bwd)
 
 
-def t5_attention(q_BTNH, k_BSNH, v_BSNH, bias_1NTS=None, mask_B1TS=None, *, dropout_rate=0.0, dropout_key=None):
+def t5_attention(q_BTNH, k_BSNH, v_BSNH, bias_1NTS=None, mask_B1TS=None, *, dropout_rate=0.0, dropout_key=None,
+                 implementation=None):
     """softmax(q k^T + bias) v, no 1/sqrt(H) scaling; mask (bool, True = attend) hides keys.
 
-    Without dropout this is jax.nn.dot_product_attention; with a key and rate > 0 the probabilities are
-    computed explicitly (float32) so they can be dropped out as Hugging Face does.
+    Without dropout this is jax.nn.dot_product_attention (with `implementation`: None lets JAX choose, "xla",
+    "cudnn"); with a key and rate > 0 the probabilities are computed explicitly (float32) so they can be
+    dropped out as Hugging Face does.
     """
     if dropout_key is None or dropout_rate == 0.0:
-        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=bias_1NTS, mask=mask_B1TS, scale=1.0)
+        return jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, bias=bias_1NTS, mask=mask_B1TS, scale=1.0,
+                                            implementation=implementation)
     logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32)
     if bias_1NTS is not None:
         logits_BNTS = add_shared_bias(logits_BNTS, bias_1NTS)
@@ -127,7 +131,7 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
     """T5Attention: q, k, v, o projections without biases (inner width N * H, need not equal D)."""
 
-    def __init__(self, config, dtype, rngs):
+    def __init__(self, config, dtype, rngs, execution):
         D, H, N, f = config.d_model, config.d_kv, config.num_heads, config.initializer_factor
         # Hugging Face's init: the missing 1/sqrt(H) of the logits is folded into q's scale.
         self.q = dense(D, N * H, dtype, f * (D * H) ** -0.5, rngs, use_bias=False)
@@ -135,6 +139,7 @@ class Attention(nnx.Module):
         self.v = dense(D, N * H, dtype, f * D ** -0.5, rngs, use_bias=False)
         self.o = dense(N * H, D, dtype, f * (N * H) ** -0.5, rngs, use_bias=False)
         self.num_heads, self.head_dim, self.dropout_rate = N, H, config.dropout_rate
+        self.implementation = execution.attention_implementation
 
     def __call__(self, x_BTD, kv_BSD, bias_1NTS, mask_B1TS, key, kv_proj=None):
         """Attention of x's queries over kv's keys and values (kv is x for self-attention); kv_proj: kv's
@@ -152,7 +157,7 @@ class Attention(nnx.Module):
             q_MI, k_BSI, v_BSI = self.q(x_MD), self.k(kv_SD), self.v(kv_SD)
         q_BTNH, k_BSNH, v_BSNH = q_MI.reshape(B, T, N, H), k_BSI.reshape(B, -1, N, H), v_BSI.reshape(B, -1, N, H)
         o_BTNH = t5_attention(q_BTNH, k_BSNH, v_BSNH, bias_1NTS, mask_B1TS, dropout_rate=self.dropout_rate,
-                              dropout_key=key)
+                              dropout_key=key, implementation=self.implementation)
         return self.o(o_BTNH.reshape(B * T, N * H)).reshape(B, T, -1)
 
 
@@ -188,13 +193,13 @@ class FeedForward(nnx.Module):
 class Block(nnx.Module):
     """T5Block: pre-norm self-attention, (decoder only) cross-attention, feed-forward; dropout on each branch."""
 
-    def __init__(self, config, is_decoder, dtype, rngs):
+    def __init__(self, config, is_decoder, dtype, rngs, execution):
         D, eps, f = config.d_model, config.layer_norm_epsilon, config.initializer_factor
         self.attn_norm = RMSNorm(D, eps, f)
-        self.attn = Attention(config, dtype, rngs)
+        self.attn = Attention(config, dtype, rngs, execution)
         if is_decoder:
             self.cross_norm = RMSNorm(D, eps, f)
-            self.cross_attn = Attention(config, dtype, rngs)
+            self.cross_attn = Attention(config, dtype, rngs, execution)
         self.mlp_norm = RMSNorm(D, eps, f)
         self.mlp = FeedForward(config, dtype, rngs)
         self.is_decoder = is_decoder
@@ -214,13 +219,16 @@ class Block(nnx.Module):
 
 
 class Stack(nnx.Module):
-    """T5Stack without its (shared) embeddings: the relative-position bias table, the blocks, a final norm."""
+    """T5Stack without its (shared) embeddings: the relative-position bias table, the blocks, a final norm;
+    the blocks run as `execution` says (flaxlm.models.layer_stack), the cross-attention keys and values of
+    each decoder block being its scanned input."""
 
-    def __init__(self, config, num_layers, is_decoder, dtype, rngs):
+    def __init__(self, config, num_layers, is_decoder, dtype, rngs, execution):
         K, N, f = config.relative_attention_num_buckets, config.num_heads, config.initializer_factor
         self.relative_attention_bias = nnx.Embed(K, N, dtype=jnp.float32, param_dtype=jnp.float32,
                                                  embedding_init=_normal(f * config.d_model ** -0.5), rngs=rngs)
-        self.layers = nnx.List([Block(config, is_decoder, dtype, rngs) for _ in range(num_layers)])
+        self.layers = nnx.List([Block(config, is_decoder, dtype, rngs, execution) for _ in range(num_layers)])
+        self.execution = execution
         self.final_norm = RMSNorm(config.d_model, config.layer_norm_epsilon, f)
         self.is_decoder = is_decoder
         self.num_buckets, self.max_distance = K, config.relative_attention_max_distance
@@ -251,12 +259,12 @@ class Stack(nnx.Module):
             causal_11TT = jnp.asarray(np.tril(np.ones((T, T), bool)))[None, None]
             mask_B1TT = causal_11TT if mask_B1TT is None else causal_11TT & mask_B1TT
         enc_mask_B11S = None if enc_mask_BS is None else enc_mask_BS[:, None, None, :].astype(bool)
-        cross_kv = [None] * len(self.layers)
+        cross_kv = None
         if self.is_decoder and enc_BSD is not None:
             cross_kv = self.cross_keys_values(enc_BSD)
         x_BTD = dropout(x_BTD, self.dropout_rate, fold_key(key, 0))
-        for i, layer in enumerate(self.layers):
-            x_BTD = layer(x_BTD, bias_1NTT, mask_B1TT, fold_key(key, i + 1), enc_BSD, enc_mask_B11S, cross_kv[i])
+        x_BTD = run_layers(self.layers, x_BTD, lambda i, layer, x, kv: layer(
+            x, bias_1NTT, mask_B1TT, fold_key(key, i + 1), enc_BSD, enc_mask_B11S, kv), self.execution, cross_kv)
         return dropout(self.final_norm(x_BTD), self.dropout_rate, fold_key(key, len(self.layers) + 1))
 
 
@@ -270,7 +278,7 @@ class T5ForConditionalGeneration(nnx.Module):
         head = model.head()                                                                # head + loss
     """
 
-    def __init__(self, config, *, dtype="float32", rngs):
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
         for key in ("num_layers", "num_decoder_layers", "num_heads", "d_model", "d_kv", "d_ff", "vocab_size",
                     "relative_attention_num_buckets"):
             if getattr(config, key) < 1:
@@ -280,8 +288,9 @@ class T5ForConditionalGeneration(nnx.Module):
         D, V, f = config.d_model, config.vocab_size, config.initializer_factor
         self.shared = nnx.Embed(V, D, dtype=jnp.float32, param_dtype=jnp.float32, embedding_init=_normal(f),
                                 rngs=rngs)
-        self.encoder = Stack(config, config.num_layers, False, dtype, rngs)
-        self.decoder = Stack(config, config.num_decoder_layers, True, dtype, rngs)
+        self.execution = execution or Execution()
+        self.encoder = Stack(config, config.num_layers, False, dtype, rngs, self.execution)
+        self.decoder = Stack(config, config.num_decoder_layers, True, dtype, rngs, self.execution)
         self.tied = ties_embeddings(config)
         if not self.tied:
             self.lm_head = dense(D, V, dtype, f, rngs, use_bias=False)

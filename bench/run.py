@@ -1,0 +1,337 @@
+#!/usr/bin/env python
+"""Time flaxlm's real train step per objective (masked LM, T5 span corruption, causal LM): one table each.
+
+    python bench/run.py                                        # cpu suite: the "small" shape, fp32
+    python bench/run.py --reference /tmp/hfref/bin/python      # + ../shared/bench/hf_reference.py, ratios
+    python bench/run.py --suite gpu                            # the issue's bf16 targets, vs bench/torch_reference.py
+    python bench/run.py --suite gpu --torch_compile            # the torch side under torch.compile
+    python bench/run.py --suite gpu --memory_only --tasks mlm  # compile only: roberta-base batch 256 memory
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/run.py --suite gpu --memory_only --tasks mlm
+                                                               # the same per device of 8 (a TPUv3-8: 32 rows each)
+    python bench/run.py --tasks t5 --steps 20 --json /tmp/bench.json
+    python bench/run.py --scan_layers --remat_policy dots_saveable   # speed switches (flaxlm.models execution)
+
+Suites and targets: bench/setups.py. Per objective and config it reports the step time (median over the
+timed steps, run as the training loop runs them: each step dispatched before the previous one is read, so
+the host's work overlaps the device's), tokens/s (batch x input length), MFU (the objective's analytic
+FLOPs / the device peak of flaxlm.flops.device_peak_flops, its source shown), peak device memory
+(memory_stats()["peak_bytes_in_use"] where the device has it, else the compiled step's memory_analysis():
+arguments + outputs + temporaries - aliased, the compiler's estimate) and the host's time per step (random
+rows -> objective.collate -> reshape -> meshlib.to_device_batch), in ms and as a share of the step.
+--memory_only compiles from abstract inputs (jax.ShapeDtypeStruct) and runs nothing. The CPU compiler's
+estimate is above an accelerator's: XLA:CPU keeps float32 copies of bfloat16 activations, and without
+--scan_layers its figure does not shrink with --remat_policy (its schedule keeps every layer's residuals
+live); with both it does: roberta-base, batch 256 on one device, fp32, --scan_layers --remat_policy full:
+1.39 GiB of state + 6.08 GiB of temporaries (loop, no remat, extrapolated from batch 32/64: ~32 GiB).
+The step is flaxlm.train_loop's (make_train_step, initial_state, cpu_chunks), with AdamW.
+
+References, in the same command (--reference PYTHON; default: the cpu suite uses /tmp/hfref/bin/python
+when it exists, the gpu suite this interpreter, tiny none): cpu runs ../shared/bench/hf_reference.py
+(transformers<5 Flax and PyTorch, fp32; its T5 target is 26 tokens where ours is 29), gpu runs
+bench/torch_reference.py (transformers PyTorch, bf16 autocast) on the same configs. Ratios are our tokens/s
+over theirs. The gpu suite runs each objective in its own process (so peak memory is that objective's, and
+the torch side has the whole device). --json PATH writes every figure.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from bench.setups import MEAN_SPAN, NOISE_DENSITY, OBJECTIVES, REFERENCE_TASK, SUITES, describe, hf_config  # noqa: E402
+from flaxlm import mesh as meshlib  # noqa: E402
+from flaxlm.args import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.models import count_params, create_model, split_model  # noqa: E402
+from flaxlm.models.layer_stack import Execution  # noqa: E402
+from flaxlm.train_loop import cpu_chunks, initial_state, make_train_step  # noqa: E402
+
+HF_REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "hf_reference.py")
+TORCH_REFERENCE = os.path.join(ROOT, "bench", "torch_reference.py")
+HF_REFERENCE_PYTHON = "/tmp/hfref/bin/python"  # the environment hf_reference.py's docstring sets up
+GIB = 2 ** 30
+
+
+def layer_execution(a):
+    """How the model's layers run, from --scan_layers, --remat_policy and --attention_implementation."""
+    return Execution(scan=a.scan_layers, remat=a.remat_policy, attention=a.attention_implementation)
+
+
+def build_objective(task, c, dtype, execution, abstract):
+    """(params, Objective, raw row length) of the training objective for setup c; abstract: parameters as
+    jax.ShapeDtypeStruct, nothing allocated."""
+    from flax import nnx
+    config = hf_config(task, c)
+
+    def model():
+        return create_model(config, dtype=dtype, seed=0, execution=execution)
+    graphdef, params = split_model(nnx.eval_shape(model) if abstract else model())
+    if task == "mlm":
+        from flaxlm.mlm import mlm_objective
+        from flaxlm.mlm_masking import MLMMasker
+        masker = MLMMasker(seq_len=c["seq"], vocab_size=c["vocab"], mask_token_id=4, pad_token_id=1,
+                           special_token_ids=[0, 1, 2, 3, 4], mlm_probability=0.15)
+        return params, mlm_objective(graphdef, config, masker, c["seq"]), c["seq"]
+    if task == "t5":
+        from flaxlm.span_corruption import SpanCorruptor
+        from flaxlm.span_lm import span_objective
+        corruptor = SpanCorruptor(inputs_length=c["seq"], noise_density=NOISE_DENSITY,
+                                  mean_noise_span_length=MEAN_SPAN, eos_token_id=1, pad_token_id=0,
+                                  first_sentinel_id=c["vocab"] - 1)
+        return params, span_objective(graphdef, config, corruptor), corruptor.raw_length
+    from flaxlm.clm import clm_objective
+    return params, clm_objective(graphdef, config, params, c["seq"], pad_id=0), c["seq"]
+
+
+def bench_task(task, c, a):
+    """Compile the train step for setup c (from abstract inputs) and, unless --memory_only, time a.steps steps
+    after two warm-up steps. Returns the figures as a dict."""
+    from flaxlm.flops import device_peak_flops
+    from flaxlm.sharding import state_shardings
+    params, objective, row_len = build_objective(task, c, a.dtype, layer_execution(a), a.memory_only)
+    mesh = meshlib.make_mesh()
+    if c["batch"] % mesh.size:
+        raise UserError(f"batch {c['batch']} does not divide over {mesh.size} devices; run on fewer devices")
+    chunks = cpu_chunks(c["batch"] // mesh.size, objective.tokens_per_example, a.cpu_chunk_tokens)
+    data, repl = meshlib.batch_sharding(mesh, leading_axes=1 if chunks > 1 else 0), meshlib.replicated(mesh)
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+    state_shapes = jax.eval_shape(lambda p: initial_state(p, tx, mesh, "data")[0], params)
+    shardings = state_shardings(state_shapes, mesh, "data")
+    step = jax.jit(make_train_step(objective.loss_sums, tx, chunks), in_shardings=(shardings, data, repl),
+                   out_shardings=(shardings, repl), donate_argnums=0)
+    ids = np.random.default_rng(0).integers(5, c["vocab"] - 100, size=(c["batch"], row_len)).astype(np.int32)
+
+    def host_batch(i):  # what the loop does on the host each step
+        batch = objective.collate(ids, np.random.default_rng(i))
+        if chunks > 1:
+            batch = {k: v.reshape(chunks, -1, *v.shape[1:]) for k, v in batch.items()}
+        return batch
+
+    key = jax.random.PRNGKey(0)
+    t = time.perf_counter()
+    batch_shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in host_batch(0).items()}
+    compiled = step.lower(state_shapes, batch_shapes, key).compile()
+    mem = compiled.memory_analysis()
+    parts = {} if mem is None else {"arguments": mem.argument_size_in_bytes, "outputs": mem.output_size_in_bytes,
+                                     "temp": mem.temp_size_in_bytes, "aliased": mem.alias_size_in_bytes}
+    estimate = parts["arguments"] + parts["outputs"] + parts["temp"] - parts["aliased"] if parts else None
+    r = {"config": c["name"], "dtype": a.dtype, "device": jax.devices()[0].device_kind, "devices": mesh.size,
+         "params": count_params(params), "batch": c["batch"], "tokens_per_example": objective.tokens_per_example,
+         "chunks": chunks, "compile_s": round(time.perf_counter() - t, 2), "memory_estimate_bytes": estimate,
+         "memory_estimate_parts": parts, "memory_bytes": estimate,
+         "memory_source": "compiler's estimate (memory_analysis: args + outputs + temp - aliased)"}
+    print(f"{task}: compiled in {r['compile_s']} s" + ("" if a.memory_only else f"; timing {a.steps} steps"),
+          flush=True)
+    if task == "t5":
+        r["target_length"] = objective.collate.targets_length
+    if a.memory_only:
+        return r
+
+    state, _ = initial_state(params, tx, mesh, "data")
+    host_s = []
+
+    def one(i):
+        nonlocal state
+        t = time.perf_counter()
+        batch = meshlib.to_device_batch(host_batch(i), data)
+        host_s.append(time.perf_counter() - t)
+        state, metrics = compiled(state, batch, jax.random.fold_in(key, i))
+        return metrics
+
+    for i in range(2):  # warm up
+        jax.block_until_ready(one(i))
+    host_s.clear()
+    done, previous = [time.perf_counter()], None
+    for i in range(2, 2 + a.steps):  # as the loop: step i is dispatched before step i-1 is read
+        metrics = one(i)
+        if previous is not None:
+            jax.block_until_ready(previous)
+            done.append(time.perf_counter())
+        previous = metrics
+    jax.block_until_ready(previous)
+    done.append(time.perf_counter())
+    step_s = float(np.median(np.diff(done)))
+    peak, peak_source = device_peak_flops(a.dtype, a.peak_flops)
+    if peak and jax.devices()[0].platform != "cpu":
+        peak *= mesh.size  # one figure per device; on CPU the measured peak is the whole backend's
+    flops = objective.flops_per_example * c["batch"]
+    measured = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
+    if all(measured):
+        r.update(memory_bytes=max(measured), memory_source="device memory_stats()['peak_bytes_in_use']")
+    host_ms = 1000 * float(np.mean(host_s))
+    r.update(step_ms=round(1000 * step_s, 2), step_ms_mean=round(1000 * (done[-1] - done[0]) / a.steps, 2),
+             tokens_per_s=round(c["batch"] * objective.tokens_per_example / step_s, 1),
+             mfu=round(flops / step_s / peak, 4) if peak else None, peak_flops=peak, peak_source=peak_source,
+             flops_per_step=flops, host_ms=round(host_ms, 3), host_pct=round(100 * host_ms / 1000 / step_s, 2),
+             loss=float(jax.device_get(previous["loss"])), steps=a.steps)
+    return r
+
+
+def bench_in_own_process(task, argv):
+    """bench_task in a fresh process (this script with --worker): its peak memory is this objective's alone,
+    and the device is free again for the reference when it exits."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "result.json")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--tasks", task, "--worker", path])
+        if proc.returncode != 0:
+            return {"error": f"the benchmark process for {task} exited with {proc.returncode} (output above)"}
+        with open(path) as f:
+            return json.load(f)[task]
+
+
+def reference_python(a):
+    if a.reference != "auto":
+        return None if a.reference == "none" else a.reference
+    if a.suite == "gpu":
+        return sys.executable
+    return HF_REFERENCE_PYTHON if a.suite == "cpu" and os.path.exists(HF_REFERENCE_PYTHON) else None
+
+
+def run_reference(python, task, c, a):
+    """{name: tokens/s or 'error: ...'} from the suite's reference script run with `python`."""
+    if SUITES[a.suite]["reference"] == "torch":
+        cmd = [python, TORCH_REFERENCE, "--suite", a.suite, "--task", task, "--steps", str(a.steps),
+               "--dtype", a.dtype] + (["--compile"] if a.torch_compile else [])
+    else:
+        if not os.path.exists(HF_REFERENCE):
+            return {"hf_reference.py": f"error: {os.path.normpath(HF_REFERENCE)} not found"}
+        cmd = [python, HF_REFERENCE, "--task", REFERENCE_TASK[task], "--steps", str(a.steps)]
+        for flag, k in (("--batch", "batch"), ("--seq", "seq"), ("--vocab", "vocab"), ("--hidden", "hidden"),
+                        ("--layers", "layers"), ("--heads", "heads"), ("--ff", "ff")):
+            cmd += [flag, str(c[k])]
+    print(f"reference: {' '.join(cmd)}", flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    print("\n".join(lines[:-1]), flush=True)
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {os.path.basename(cmd[1]): f"error: exit {out.returncode}: {out.stderr.strip()[-300:]}"}
+
+
+def check_targets(r, targets):
+    """{name: {target, measured, met}} for the setup's targets (met None when not measured)."""
+    torch_ratio = next((v for k, v in r.get("ratios", {}).items() if k.startswith("hf-torch")), None)
+    measured = {"mfu": r.get("mfu"), "step_s": r["step_ms"] / 1000 if "step_ms" in r else None,
+                "ref_ratio": torch_ratio,
+                "memory_gib": r["memory_bytes"] / GIB if r.get("memory_bytes") else None}
+    at_most = ("step_s", "memory_gib")
+    return {k: {"target": v, "measured": measured[k],
+                "met": None if measured[k] is None else (measured[k] <= v if k in at_most else measured[k] >= v)}
+            for k, v in targets.items()}
+
+
+def print_table(task, c, r):
+    def target(name, fmt):
+        t = r.get("targets", {}).get(name)
+        if not t:
+            return ""
+        sign = "<=" if name in ("step_s", "memory_gib") else ">="
+        return f"target {sign} {fmt(t['target'])}: " + {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
+
+    head = f"{OBJECTIVES[task]} | {describe(c)}" + (f", target {r['target_length']}" if "target_length" in r else "")
+    print(f"\n== {head} | {r.get('dtype')} | {r.get('device')} x{r.get('devices')} ==")
+    if "error" in r:
+        print(f"  {r['error']}")
+        return
+    rows = [("parameters", f"{r['params']:,}", f"compiled in {r['compile_s']} s, {r['chunks']} chunk(s) per device")]
+    if "step_ms" in r:
+        peak = f"{r['peak_flops']:.3g} FLOP/s" if r["peak_flops"] else "no peak"
+        rows += [("step time", f"{r['step_ms']:.1f} ms", target("step_s", lambda v: f"{1000 * v:.0f} ms")),
+                 ("tokens/s", f"{r['tokens_per_s']:,.0f}", ""),
+                 ("MFU", f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a",
+                  target("mfu", lambda v: f"{100 * v:.0f}%")),
+                 ("  peak", peak, r["peak_source"]),
+                 ("host time/step", f"{r['host_ms']:.2f} ms", f"{r['host_pct']:.1f}% of the step (collation "
+                                                              f"and transfer)")]
+    rows.append(("memory", f"{r['memory_bytes'] / GIB:.3f} GiB" if r["memory_bytes"] else "n/a",
+                 f"{r['memory_source']}  {target('memory_gib', lambda v: f'{v} GiB')}".strip()))
+    if r["memory_source"].startswith("compiler"):
+        rows.append(("  estimate parts", "", ", ".join(f"{k} {v / GIB:.3f}" for k, v in
+                                                     r["memory_estimate_parts"].items()) + " GiB"))
+    for name, value in r.get("reference", {}).items():
+        ratio = r["ratios"].get(name)
+        shown = f"{value:,.0f} tokens/s" if isinstance(value, (int, float)) else str(value)[:100]
+        note = f"ours {ratio:.2f}x" if ratio else ""
+        if ratio and name.startswith("hf-torch"):
+            note += "  " + target("ref_ratio", lambda v: f"{v}x")
+        rows.append((name, shown, note))
+    for name, value, note in rows:
+        print(f"  {name:<24} {value:>18}   {note}".rstrip())
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=sorted(SUITES), default="cpu")
+    p.add_argument("--tasks", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES))
+    p.add_argument("--steps", type=int, help="timed steps after two warm-up steps (default: the suite's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the suite's)")
+    p.add_argument("--cpu_chunk_tokens", type=int,
+                   help="on CPU, run each device's batch through the model in chunks of at least this many "
+                        "tokens, as training does (0: off; default: the suite's)")
+    p.add_argument("--peak_flops", type=float, help="device peak FLOP/s for MFU (default: flaxlm.flops)")
+    p.add_argument("--reference", default="auto", metavar="PYTHON",
+                   help="interpreter for the suite's reference script, run in this command; 'none' to skip")
+    p.add_argument("--torch_compile", action="store_true", help="gpu suite: torch.compile the reference model")
+    p.add_argument("--memory_only", action="store_true",
+                   help="only compile each step from abstract inputs and report the compiler's memory estimate")
+    p.add_argument("--process_per_task", action=argparse.BooleanOptionalAction,
+                   help="run each objective in its own process (default: on for the gpu suite)")
+    p.add_argument("--json", metavar="PATH", help="write every result here")
+    p.add_argument("--scan_layers", action="store_true", help="run identical layers under jax.lax.scan")
+    p.add_argument("--remat_policy", choices=REMAT_POLICIES, default="none", help="jax.checkpoint policy per layer")
+    p.add_argument("--attention_implementation", choices=ATTENTION_IMPLEMENTATIONS, default="auto",
+                   help="jax.nn.dot_product_attention implementation (cudnn: NVIDIA GPUs, bf16/fp16)")
+    p.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # bench_in_own_process's child
+    a = p.parse_args(argv)
+    suite = SUITES[a.suite]
+    a.steps = suite["steps"] if a.steps is None else a.steps
+    a.dtype = a.dtype or suite["dtype"]
+    a.cpu_chunk_tokens = suite["cpu_chunk_tokens"] if a.cpu_chunk_tokens is None else a.cpu_chunk_tokens
+    if a.process_per_task is None:
+        a.process_per_task = a.suite == "gpu" and not a.memory_only
+    if a.steps < 1:
+        raise UserError(f"--steps {a.steps}: time at least 1 step")
+    return a
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse_args(argv)
+    suite = SUITES[a.suite]
+    python = None if a.worker or a.memory_only else reference_python(a)
+    out = {"suite": a.suite, "dtype": a.dtype, "memory_only": a.memory_only, "reference_python": python,
+           "execution": {"scan": a.scan_layers, "remat": a.remat_policy, "attention": a.attention_implementation},
+           "tasks": {}}
+    for task in a.tasks:
+        c = suite["tasks"][task]
+        r = bench_in_own_process(task, argv) if a.process_per_task and not a.worker else bench_task(task, c, a)
+        if python and "error" not in r:
+            r["reference"] = run_reference(python, task, c, a)
+            r["ratios"] = {k: round(r["tokens_per_s"] / v, 3) for k, v in r["reference"].items()
+                           if isinstance(v, (int, float)) and v > 0}
+        r["targets"] = check_targets(r, c.get("targets", {})) if "error" not in r else {}
+        out["tasks"][task] = r
+        if not a.worker:
+            print_table(task, c, r)
+            sys.stdout.flush()
+    if a.worker:
+        with open(a.worker, "w") as f:
+            json.dump(out["tasks"], f)
+    elif a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"\nwrote {a.json}")
+
+
+if __name__ == "__main__":
+    run_main(main)

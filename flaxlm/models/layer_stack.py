@@ -1,0 +1,98 @@
+"""How a model runs its stack of identical layers: a Python loop or one jax.lax.scan, each layer optionally
+rematerialized (jax.checkpoint), and which kernel computes attention.
+
+    model = create_model(config, execution=Execution(scan=True, remat="dots_saveable"))
+    x_BLD = run_layers(layers, x_BLD, lambda i, layer, x, extra: layer(x, mask, fold_key(key, i + 1)), execution)
+
+Execution is a static attribute of the model (part of its graphdef), never saved: the parameters keep their
+per-layer layout (layers/0/..., layers/1/...) whatever it says, so checkpoints and Hugging Face exports are
+the same with or without it. Under scan the layers' parameters are stacked at call time (one copy of the
+stack's weights per step; the gradient flows back to each layer's own parameters) and XLA compiles one layer
+instead of N: same results, much less compile time for deep models.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxlm.args import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # the flags' choices, named once
+from flaxlm.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """scan: the layers under jax.lax.scan; remat: what each layer keeps for the backward pass (REMAT_POLICIES:
+    none keeps everything, full nothing, dots_saveable the matmul outputs, dots_with_no_batch_dims_saveable the
+    outputs of matmuls against weights); attention: jax.nn.dot_product_attention's implementation (auto: JAX
+    chooses)."""
+    scan: bool = False
+    remat: str = "none"
+    attention: str = "auto"
+
+    def __post_init__(self):
+        if self.remat not in REMAT_POLICIES:
+            raise UserError(f"unknown remat policy {self.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise UserError(f"unknown attention implementation {self.attention!r}; use one of "
+                            f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+
+    @property
+    def attention_implementation(self):
+        """The `implementation` argument of jax.nn.dot_product_attention: None (JAX chooses), "xla" or "cudnn"."""
+        return None if self.attention == "auto" else self.attention
+
+    def check(self, dtype):
+        """UserError when this machine or the compute dtype cannot run the chosen attention kernel."""
+        if self.attention != "cudnn":
+            return
+        if jax.default_backend() != "gpu":
+            raise UserError("--attention_implementation cudnn needs an NVIDIA GPU; use auto or xla")
+        if jnp.dtype(dtype) == jnp.float32:
+            raise UserError("--attention_implementation cudnn needs --dtype bfloat16 or float16; use auto or xla "
+                            "for float32")
+
+
+def checkpoint_policy(name):
+    """The jax.checkpoint policy of a REMAT_POLICIES name ("full": save nothing, recompute everything)."""
+    return jax.checkpoint_policies.nothing_saveable if name == "full" else getattr(jax.checkpoint_policies, name)
+
+
+def run_layers(layers, x, call, execution=None, per_layer=None):
+    """x through `layers` in order: x = call(i, layer, x, per_layer[i]) for i = 0, 1, ... (per_layer: one pytree
+    of arrays per layer, e.g. T5's cross-attention keys and values, or None).
+
+    Under execution.scan, i is a traced int32 (fold it into a dropout key; do not branch on it), and the
+    layers' parameters and per_layer inputs are stacked along a new leading axis; all layers must be alike
+    (same graphdef). With a remat policy each layer's call goes through jax.checkpoint."""
+    execution = execution or Execution()
+    per_layer = [None] * len(layers) if per_layer is None else list(per_layer)
+    if not layers or (not execution.scan and execution.remat == "none"):
+        for i, (layer, extra) in enumerate(zip(layers, per_layer)):
+            x = call(i, layer, x, extra)
+        return x
+    graphdefs, states = zip(*(nnx.split(layer) for layer in layers))
+
+    def layer_fn(graphdef, i):
+        """(x, state, extra) -> x: layer i rebuilt from its state (params), rematerialized if asked."""
+        def apply(x, state, extra):
+            return call(i, nnx.merge(graphdef, state), x, extra)
+        if execution.remat == "none":
+            return apply
+        return jax.checkpoint(apply, policy=checkpoint_policy(execution.remat), prevent_cse=not execution.scan)
+
+    if not execution.scan:  # remat alone: i stays a Python int
+        for i, (graphdef, state, extra) in enumerate(zip(graphdefs, states, per_layer)):
+            x = layer_fn(graphdef, i)(x, state, extra)
+        return x
+    if any(g != graphdefs[0] for g in graphdefs[1:]):
+        raise UserError("--scan_layers needs identical layers, but this model's layers differ in a static setting "
+                        "(e.g. GPT-2's scale_attn_by_inverse_layer_idx); drop --scan_layers")
+
+    def body(x, xs):
+        i, state, extra = xs
+        return layer_fn(graphdefs[0], i)(x, state, extra), None
+    stack = lambda *arrays: jnp.stack(arrays)  # noqa: E731  (leaf by leaf, across the layers)
+    x, _ = jax.lax.scan(body, x, (jnp.arange(len(layers), dtype=jnp.int32), jax.tree.map(stack, *states),
+                                  jax.tree.map(stack, *per_layer)))
+    return x

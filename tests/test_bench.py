@@ -1,0 +1,55 @@
+"""bench/run.py end to end on the tiny suite (a subprocess, one CPU device): every column of every objective,
+with figures that follow from the setup; and --memory_only, which compiles without running."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.setups import SUITES, t5_target_length  # noqa: E402
+
+TINY = SUITES["tiny"]["tasks"]
+
+
+def run_bench(tmp_path, *flags):
+    path = tmp_path / "bench.json"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONPATH": ROOT,
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # compiles faster; the figures are checked, not their size
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--suite", "tiny",
+                           "--reference", "none", "--json", str(path), *flags],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(path.read_text()), proc.stdout
+
+
+def test_tiny_suite_reports_every_column(tmp_path):
+    out, stdout = run_bench(tmp_path, "--steps", "2")
+    assert sorted(out["tasks"]) == ["clm", "mlm", "t5"]
+    for task, r in out["tasks"].items():
+        c = TINY[task]
+        assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["steps"] == 2
+        # tokens/s and MFU are the step time's consequences: batch x input length, analytic FLOPs / peak
+        assert r["tokens_per_s"] == pytest.approx(c["batch"] * c["seq"] / (r["step_ms"] / 1000), rel=1e-3)
+        assert 0 < r["mfu"] == pytest.approx(r["flops_per_step"] / (r["step_ms"] / 1000) / r["peak_flops"], rel=2e-3)
+        assert r["peak_source"] and r["memory_source"]
+        assert r["memory_bytes"] > 0 and r["memory_estimate_bytes"] > 0
+        # the state alone (params + two AdamW moments, float32) is part of what the step holds
+        assert r["memory_bytes"] >= 3 * 4 * r["params"]
+        assert r["host_ms"] >= 0 and 0 <= r["host_pct"]
+        assert r["loss"] == pytest.approx(r["loss"]) and 0 < r["loss"] < 20  # finite, about ln(vocab)
+        assert f"{r['tokens_per_s']:,.0f}" in stdout  # the table shows it
+    assert out["tasks"]["t5"]["target_length"] == t5_target_length(TINY["t5"]["seq"])
+
+
+def test_memory_only_compiles_without_running(tmp_path):
+    out, stdout = run_bench(tmp_path, "--memory_only", "--tasks", "clm")
+    r = out["tasks"]["clm"]
+    assert out["memory_only"] and list(out["tasks"]) == ["clm"]
+    assert r["memory_bytes"] == r["memory_estimate_bytes"] >= 3 * 4 * r["params"]
+    assert "estimate" in r["memory_source"]
+    assert "step_ms" not in r and "tokens_per_s" not in r  # nothing ran
+    assert "GiB" in stdout
