@@ -66,7 +66,8 @@ def main(argv=None):
     start_fresh(args)  # inputs all read
 
     # Train: every token predicted from the ones before it.
-    objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id)
+    objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
+                              head_chunk_rows=args.lm_head_chunk_rows)
     params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
                       eval_batch, test_rows)
 

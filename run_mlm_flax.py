@@ -60,7 +60,7 @@ def main(argv=None):
     start_fresh(args)  # inputs all read
 
     # Train: masked tokens predicted at their slots only.
-    objective = mlm_objective(graphdef, config, masker, seq_len)
+    objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows)
     params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
                       eval_batch, test_rows)
 

@@ -65,7 +65,7 @@ def main(argv=None):
     start_fresh(args)  # inputs all read
 
     # Train: the decoder predicts each sentinel and the tokens its span replaced.
-    objective = span_objective(graphdef, config, corruptor)
+    objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows)
     params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
                       eval_batch, test_rows)
 

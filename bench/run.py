@@ -66,7 +66,7 @@ def layer_execution(a):
     return Execution(scan=a.scan_layers, remat=a.remat_policy, attention=a.attention_implementation)
 
 
-def build_objective(task, c, dtype, execution, abstract):
+def build_objective(task, c, dtype, execution, abstract, head_chunk_rows=None):
     """(params, Objective, raw row length) of the training objective for setup c; abstract: parameters as
     jax.ShapeDtypeStruct, nothing allocated."""
     from flax import nnx
@@ -80,16 +80,16 @@ def build_objective(task, c, dtype, execution, abstract):
         from flaxlm.mlm_masking import MLMMasker
         masker = MLMMasker(seq_len=c["seq"], vocab_size=c["vocab"], mask_token_id=4, pad_token_id=1,
                            special_token_ids=[0, 1, 2, 3, 4], mlm_probability=0.15)
-        return params, mlm_objective(graphdef, config, masker, c["seq"]), c["seq"]
+        return params, mlm_objective(graphdef, config, masker, c["seq"], head_chunk_rows), c["seq"]
     if task == "t5":
         from flaxlm.span_corruption import SpanCorruptor
         from flaxlm.span_lm import span_objective
         corruptor = SpanCorruptor(inputs_length=c["seq"], noise_density=NOISE_DENSITY,
                                   mean_noise_span_length=MEAN_SPAN, eos_token_id=1, pad_token_id=0,
                                   first_sentinel_id=c["vocab"] - 1)
-        return params, span_objective(graphdef, config, corruptor), corruptor.raw_length
+        return params, span_objective(graphdef, config, corruptor, head_chunk_rows), corruptor.raw_length
     from flaxlm.clm import clm_objective
-    return params, clm_objective(graphdef, config, params, c["seq"], pad_id=0), c["seq"]
+    return params, clm_objective(graphdef, config, params, c["seq"], pad_id=0, head_chunk_rows=head_chunk_rows), c["seq"]
 
 
 def bench_task(task, c, a):
@@ -97,7 +97,8 @@ def bench_task(task, c, a):
     after two warm-up steps. Returns the figures as a dict."""
     from flaxlm.flops import device_peak_flops
     from flaxlm.sharding import state_shardings
-    params, objective, row_len = build_objective(task, c, a.dtype, layer_execution(a), a.memory_only)
+    params, objective, row_len = build_objective(task, c, a.dtype, layer_execution(a), a.memory_only,
+                                                 a.lm_head_chunk_rows)
     mesh = meshlib.make_mesh()
     if c["batch"] % mesh.size:
         raise UserError(f"batch {c['batch']} does not divide over {mesh.size} devices; run on fewer devices")
@@ -107,7 +108,7 @@ def bench_task(task, c, a):
     state_shapes = jax.eval_shape(lambda p: initial_state(p, tx, mesh, "data")[0], params)
     shardings = state_shardings(state_shapes, mesh, "data")
     step = jax.jit(make_train_step(objective.loss_sums, tx, chunks), in_shardings=(shardings, data, repl),
-                   out_shardings=(shardings, repl), donate_argnums=0)
+                   out_shardings=(shardings, repl), donate_argnums=() if a.no_donate else 0)
     ids = np.random.default_rng(0).integers(5, c["vocab"] - 100, size=(c["batch"], row_len)).astype(np.int32)
 
     def host_batch(i):  # what the loop does on the host each step
@@ -152,6 +153,8 @@ def bench_task(task, c, a):
     host_s.clear()
     done, previous = [time.perf_counter()], None
     for i in range(2, 2 + a.steps):  # as the loop: step i is dispatched before step i-1 is read
+        if a.sync_every_step and previous is not None:  # the switch: wait for each step before the next batch
+            jax.block_until_ready(previous)
         metrics = one(i)
         if previous is not None:
             jax.block_until_ready(previous)
@@ -291,6 +294,11 @@ def parse_args(argv):
     p.add_argument("--remat_policy", choices=REMAT_POLICIES, default="none", help="jax.checkpoint policy per layer")
     p.add_argument("--attention_implementation", choices=ATTENTION_IMPLEMENTATIONS, default="auto",
                    help="jax.nn.dot_product_attention implementation (cudnn: NVIDIA GPUs, bf16/fp16)")
+    p.add_argument("--lm_head_chunk_rows", type=int,
+                   help="rows per device whose LM-head logits are computed at a time (default: flaxlm.lm_loss's; 0: all)")
+    p.add_argument("--no_donate", action="store_true", help="do not donate the train state's buffers to the step")
+    p.add_argument("--sync_every_step", action="store_true",
+                   help="wait for each step before preparing the next batch (turns off the host/device overlap)")
     p.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # bench_in_own_process's child
     a = p.parse_args(argv)
     suite = SUITES[a.suite]
@@ -310,7 +318,9 @@ def main(argv=None):
     suite = SUITES[a.suite]
     python = None if a.worker or a.memory_only else reference_python(a)
     out = {"suite": a.suite, "dtype": a.dtype, "memory_only": a.memory_only, "reference_python": python,
-           "execution": {"scan": a.scan_layers, "remat": a.remat_policy, "attention": a.attention_implementation},
+           "execution": {"scan": a.scan_layers, "remat": a.remat_policy, "attention": a.attention_implementation,
+                         "lm_head_chunk_rows": a.lm_head_chunk_rows, "donate": not a.no_donate,
+                         "overlap": not a.sync_every_step},
            "tasks": {}}
     for task in a.tasks:
         c = suite["tasks"][task]

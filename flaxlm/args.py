@@ -95,6 +95,9 @@ class TrainingArgs:
     gradient_accumulation_steps: int = option(1, help="micro-batches summed per optimizer step")
     cpu_chunk_tokens: int = option(1024, help="on CPU, run each device's micro-batch through the model in chunks "
                                               "of at least this many tokens (same gradient, faster in cache; 0: off)")
+    lm_head_chunk_rows: int | None = option(help="rows (per device) whose LM-head logits the fused loss computes at "
+                                                 "a time (default: 256 on CPU, ~64M logits on accelerators; 0: "
+                                                 "all at once)")
     learning_rate: float = option(5e-5, help="peak learning rate")
     weight_decay: float = option(0.0, help="decoupled weight decay (not on biases and LayerNorm)")
     adam_beta1: float = option(0.9)

@@ -31,7 +31,7 @@ SCRIPT_SECTIONS = ("train_tokenizer", "create_config", "run_mlm_flax", "run_t5_m
 MINIMUM = {
     "per_device_train_batch_size": 1, "per_device_eval_batch_size": 1, "train_batch_size": 1, "eval_batch_size": 1,
     "gradient_accumulation_steps": 1, "logging_steps": 1, "eval_steps": 1, "save_steps": 1, "save_total_limit": 1,
-    "warmup_steps": 0, "cpu_chunk_tokens": 0, "eval_timeout": 0, "num_train_epochs": 0, "learning_rate": 0, "weight_decay": 0,
+    "warmup_steps": 0, "cpu_chunk_tokens": 0, "lm_head_chunk_rows": 0, "eval_timeout": 0, "num_train_epochs": 0, "learning_rate": 0, "weight_decay": 0,
     "adam_epsilon": 0, "max_grad_norm": 0, "seed": 0, "max_seq_length": 1, "block_size": 1,
     "preprocessing_num_workers": 1, "max_train_samples": 1, "max_eval_samples": 1,
     "vocab_size": 1, "min_frequency": 0, "model_max_length": 1, "max_new_tokens": 1, "top_k": 0,

@@ -37,13 +37,13 @@ def collate_blocks(rows_BL, rng=None):
     return {"input_ids": rows_BL, "label_weights": np.ones((B, L - 1), np.float32)}
 
 
-def clm_objective(graphdef, config, params, block_size, pad_id):
+def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=None):
     """Objective for run_clm_flax: the head at positions 0..L-2 against the tokens at 1..L-1 (fused with the
     cross-entropy: flaxlm.lm_loss; the last position's head is never computed)."""
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
         h_BLD, head = apply_hidden(graphdef, params, ids_BL, dropout_key=dropout_key)
-        return head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"])
+        return head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
 
     return Objective(loss_sums=loss_sums, collate=collate_blocks, pad_id=pad_id, weights_key="label_weights",
                      flops_per_example=decoder_lm_train_flops(config, params, 1, block_size),

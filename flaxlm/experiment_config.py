@@ -33,7 +33,7 @@ LAYOUT = {
     "task.objective": "mlm_probability mean_noise_span_length",
     "task.sentence_prediction": "task_name sentence1_column sentence2_column label_column is_regression metric",
     "task.squad": "version_2_with_negative doc_stride n_best_size max_answer_length null_score_diff_threshold",
-    "trainer": "train_steps=max_steps num_train_epochs gradient_accumulation_steps cpu_chunk_tokens "
+    "trainer": "train_steps=max_steps num_train_epochs gradient_accumulation_steps cpu_chunk_tokens lm_head_chunk_rows "
                "summary_interval=logging_steps validation_interval=eval_steps eval_at_start "
                "checkpoint_interval=save_steps max_to_keep=save_total_limit async_checkpointing "
                "resume_from_checkpoint overwrite_output_dir skip_nonfinite_steps do_predict eval_timeout seed "

@@ -25,7 +25,7 @@ def resolve_seq_len(requested, tokenizer, config):
     return requested
 
 
-def mlm_objective(graphdef, config, masker, seq_len):
+def mlm_objective(graphdef, config, masker, seq_len, head_chunk_rows=None):
     """Objective for run_mlm_flax: the head at the masked slots only, fused with the cross-entropy
     (flaxlm.lm_loss); correct when the label's logit is the largest (an exact tie counts as correct).
     A batch of packed rows (--line_by_line) carries segment_ids, which keep each sequence to itself."""
@@ -33,7 +33,7 @@ def mlm_objective(graphdef, config, masker, seq_len):
         packed = {"segment_ids_BL": batch["segment_ids"]} if "segment_ids" in batch else {}
         h_BPD, head = apply_hidden(graphdef, params, batch["input_ids"], batch["attention_mask"],
                                    masked_positions_BP=batch["masked_positions"], dropout_key=dropout_key, **packed)
-        return head_loss_sums(h_BPD, head, batch["masked_labels"], batch["masked_weights"])
+        return head_loss_sums(h_BPD, head, batch["masked_labels"], batch["masked_weights"], head_chunk_rows)
 
     return Objective(loss_sums=loss_sums, collate=masker, pad_id=masker.pad_token_id,
                      weights_key="masked_weights",
