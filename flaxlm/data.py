@@ -68,8 +68,7 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, kee
     if not 0 <= validation_split_percentage < 100:
         raise UserError(f"--validation_split_percentage must be between 0 and 99, "
                         f"not {validation_split_percentage}")
-    _TEXT_FILES.clear()
-    with _naming_bad_bytes():
+    with naming_bad_bytes(fresh=True):
         return _load_splits(src, validation_split_percentage, seed, keep_linebreaks, include_test)
 
 
@@ -77,15 +76,15 @@ def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, includ
     """load_raw_text after its checks of the options."""
     if src.dataset_name:
         where = f"dataset {src.dataset_name}"
-        splits = _load_hub(src)
+        splits = load_hub(src)
     else:
         where = f"--train_file {', '.join(src.train_file)}"
-        splits = {"train": _load_files(src.train_file, "--train_file", src, keep_linebreaks)}
+        splits = {"train": load_files(src.train_file, "--train_file", src, keep_linebreaks)}
     if src.validation_file:
-        splits["validation"] = _load_files(src.validation_file, "--validation_file", src, keep_linebreaks)
+        splits["validation"] = load_files(src.validation_file, "--validation_file", src, keep_linebreaks)
     test_file = getattr(src, "test_file", None)
     if include_test and test_file:
-        splits["test"] = _load_files(test_file, "--test_file", src, keep_linebreaks)
+        splits["test"] = load_files(test_file, "--test_file", src, keep_linebreaks)
 
     raw = {"train": _text_only(splits["train"], src, where)}
     if "validation" in splits:
@@ -93,7 +92,7 @@ def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, includ
                      else f"dataset {src.dataset_name}")
         raw["validation"] = _text_only(splits["validation"], src, val_where)
     elif validation_split_percentage > 0:
-        raw["train"], raw["validation"] = _hold_out(raw["train"], validation_split_percentage, seed, where)
+        raw["train"], raw["validation"] = hold_out(raw["train"], validation_split_percentage, seed, where)
     if include_test:
         if "test" not in splits:
             raise UserError(f"--do_predict evaluates test text but {where} has none; pass --test_file FILE")
@@ -103,14 +102,17 @@ def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, includ
 
 def iter_texts(ds, batch_size: int = 1000):
     """Lists of strings from a raw text split (Dataset or IterableDataset), e.g. to train a tokenizer."""
-    with _naming_bad_bytes():  # a stream reads its files only now
+    with naming_bad_bytes():  # a stream reads its files only now
         for batch in ds.iter(batch_size=batch_size):
             yield batch["text"]
 
 
 @contextlib.contextmanager
-def _naming_bad_bytes():
-    """Turn a UnicodeDecodeError met while reading text into a UserError naming the file and line."""
+def naming_bad_bytes(fresh=False):
+    """Turn a UnicodeDecodeError met while reading text into a UserError naming the file and line (of the files
+    load_files read since the last fresh=True: a new set of inputs starts fresh)."""
+    if fresh:
+        _TEXT_FILES.clear()
     try:
         yield
     except UnicodeDecodeError as e:
@@ -179,7 +181,9 @@ def _extension(path):
     return os.path.splitext(name)[1]
 
 
-def _load_files(files, flag, src, keep_linebreaks=False):
+def load_files(files, flag, src, keep_linebreaks=False):
+    """The files given with `flag` as one split (Dataset, or IterableDataset with --streaming), read by the
+    datasets builder of their extension; remembered so that text that is not UTF-8 is named by file and line."""
     files = _file_list(files, flag)
     for f in files:
         if not os.path.exists(f):
@@ -209,7 +213,8 @@ def _load_files(files, flag, src, keep_linebreaks=False):
                         f"fix the file or its extension") from None
 
 
-def _load_hub(src):
+def load_hub(src):
+    """{split: dataset} of --dataset_name / --dataset_config_name through `datasets`."""
     try:
         splits = datasets.load_dataset(src.dataset_name, src.dataset_config_name, cache_dir=src.cache_dir,
                                        streaming=src.streaming)
@@ -234,7 +239,7 @@ def _root(e):
     return e
 
 
-def _column_types(ds, where):
+def column_types(ds, where):
     """{column: is_string} from the features, or from the first example when a stream has none."""
     if ds.features is not None:
         return {name: isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")
@@ -247,7 +252,7 @@ def _column_types(ds, where):
 
 def _text_only(ds, src, where):
     """Keep the text column only, named "text", without blank texts."""
-    types = _column_types(ds, where)
+    types = column_types(ds, where)
     listing = ", ".join(types) or "none"
     if src.text_column:
         column = src.text_column
@@ -280,7 +285,7 @@ def _has_text(batch):
     return [bool(t and t.strip()) for t in batch["text"]]
 
 
-def _hold_out(ds, percentage, seed, where):
+def hold_out(ds, percentage, seed, where):
     """(train, validation): seeded random examples in order, or every k-th one of a stream."""
     if isinstance(ds, datasets.IterableDataset):
         k = max(2, round(100 / percentage))

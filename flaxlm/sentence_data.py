@@ -39,14 +39,13 @@ def load_examples(source, task, validation_split_percentage, seed, include_test=
     if not (source.dataset_name or source.train_file):
         raise UserError("no training examples: pass --train_file FILE (tsv, csv, json, jsonl, parquet) or "
                         "--dataset_name NAME")
-    data._TEXT_FILES.clear()
-    with data._naming_bad_bytes():
+    with data.naming_bad_bytes(fresh=True):
         splits, where = _read_splits(source, include_test)
         if "validation" not in splits:
             if not validation_split_percentage:
                 raise UserError(f"no validation examples: pass --validation_file FILE, or a "
                                 f"--validation_split_percentage above 0 to hold some of {where['train']} out")
-            splits["train"], splits["validation"] = data._hold_out(splits["train"], validation_split_percentage,
+            splits["train"], splits["validation"] = data.hold_out(splits["train"], validation_split_percentage,
                                                                    seed, where["train"])
             where["validation"] = f"the held-out {validation_split_percentage}% of {where['train']}"
         limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
@@ -62,14 +61,14 @@ def _read_splits(source, include_test):
     """({split: Dataset with every column}, {split: where}) from the files or the dataset name."""
     where = {}
     if source.dataset_name:
-        splits = data._load_hub(source)
+        splits = data.load_hub(source)
         where = {s: f"dataset {source.dataset_name} ({s})" for s in splits}
     else:
-        splits = {"train": data._load_files(source.train_file, "--train_file", source)}
+        splits = {"train": data.load_files(source.train_file, "--train_file", source)}
     for split, flag in (("validation", "validation_file"), ("test", "test_file")):
         files = getattr(source, flag)
         if files and (split != "test" or include_test):
-            splits[split] = data._load_files(files, f"--{flag}", source)
+            splits[split] = data.load_files(files, f"--{flag}", source)
         if files:
             where[split] = f"--{flag} {', '.join(files)}"
     if source.train_file:
@@ -109,7 +108,7 @@ def _default_text_column(ds, task, where):
     for name in ("sentence", "text"):
         if name in ds.column_names:
             return name
-    types = data._column_types(ds, where)
+    types = data.column_types(ds, where)
     strings = [c for c, is_str in types.items() if is_str and c not in (task.label_column, task.sentence2_column)]
     if len(strings) != 1:
         raise UserError(f"cannot tell which column of {where} holds the sentence (columns: "
