@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 
 import datasets
 import numpy as np
@@ -428,11 +429,41 @@ def _map_rows(ds, make, tokenizer, max_seq_length, mode, num_workers, overwrite_
     row = datasets.List(datasets.Value("int32"), length=max_seq_length)
     features = datasets.Features({"input_ids": row, **({"segment_ids": row} if pack_lines else {})})
     mode = "packed lines" if pack_lines else "one row per line" if line_by_line else "blocks"
-    rows = ds.map(_rows_batch, fn_kwargs={"make": make}, batched=True, batch_size=GROUP_BATCH,
-                  remove_columns=ds.column_names, features=features, num_proc=num_workers,
-                  load_from_cache_file=not overwrite_cache, new_fingerprint=fingerprint,
-                  desc=f"Tokenizing into {mode} of {max_seq_length}")
+    with spawned_workers(num_workers):
+        rows = ds.map(_rows_batch, fn_kwargs={"make": make}, batched=True, batch_size=GROUP_BATCH,
+                      remove_columns=ds.column_names, features=features, num_proc=num_workers,
+                      load_from_cache_file=not overwrite_cache, new_fingerprint=fingerprint,
+                      desc=f"Tokenizing into {mode} of {max_seq_length}")
     return rows.with_format("numpy", dtype=np.int32)
+
+
+@contextlib.contextmanager
+def spawned_workers(num_workers):
+    """Once JAX is running (the scripts have it by then), datasets.map(num_proc=N) starts its N worker
+    processes with 'spawn' (fresh interpreters) inside this block instead of fork: forking a process with
+    JAX's threads can deadlock, and JAX warns of it on every fork. A spawned worker takes a few seconds
+    longer to start. Before JAX has started, workers are forked as usual."""
+    if not num_workers or num_workers < 2 or not _jax_started():
+        yield
+        return
+    import multiprocess  # datasets' multiprocessing (dill-based)
+    before = multiprocess.get_start_method(allow_none=True)
+    multiprocess.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        multiprocess.set_start_method(before, force=True)
+
+
+def _jax_started():
+    """True once JAX has created its backends (and its threads); True as well where JAX cannot tell."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
 
 
 class StreamingRows:

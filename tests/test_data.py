@@ -181,6 +181,24 @@ def test_grouped_rows_are_the_concatenated_tokenization(tmp_path, tokenizer):
     np.testing.assert_array_equal(picked, rows[[3, 0]])
 
 
+def test_workers_once_jax_runs_are_spawned_and_give_the_same_rows(tmp_path, tokenizer):
+    """--preprocessing_num_workers 2 after JAX has started (as in the scripts): the same rows as one process,
+    and no fork of the JAX process (which JAX warns may deadlock)."""
+    import warnings
+    import jax
+    import multiprocess
+    jax.devices()  # JAX's backend and threads running, as the scripts have them before tokenizing
+    texts = corpus(2500)
+    raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", texts)]), validation_split_percentage=0)
+    method = multiprocess.get_start_method(allow_none=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*fork.*")
+        rows = as_numpy_rows(tokenize_and_group(raw, tokenizer, 32, num_workers=2, overwrite_cache=True)["train"])
+    halves = [expected_blocks(tokenizer, texts[:1250], 32), expected_blocks(tokenizer, texts[1250:], 32)]
+    np.testing.assert_array_equal(rows, np.concatenate(halves))  # each worker groups its contiguous half
+    assert multiprocess.get_start_method(allow_none=True) == method  # the start method is restored
+
+
 def test_max_samples_and_skip(tmp_path, tokenizer):
     raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", corpus(300))]),
                         validation_split_percentage=10)
