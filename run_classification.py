@@ -30,8 +30,9 @@ def main(argv=None):
     from flaxlm.models.hf_io import load_config
     from flaxlm.output_dir import start_fresh
     from flaxlm.pipeline import batch_sizes, export, pretrain, start_run, total_train_steps
-    from flaxlm.sentence_data import label_names, load_examples, majority_baseline, token_rows
-    from flaxlm.sentence_prediction import load_classifier, resolve_task, sentence_objective, write_predictions
+    from flaxlm.sentence_data import label_names, load_examples, token_rows
+    from flaxlm.sentence_prediction import (load_classifier, majority_scores, resolve_task, sentence_objective,
+                                            write_predictions)
     from flaxlm.tokenizer_io import check_fits, load_tokenizer
     from flaxlm.train_loop import collect_predictions
 
@@ -61,9 +62,10 @@ def main(argv=None):
     width = rows["train"]["input_ids"].shape[1]
     for split, r in rows.items():
         line = f"{split}: {len(r['labels'])} examples of {width} tokens ({examples[split].where})"
-        if names is not None and examples[split].labels is not None:
-            acc, majority = majority_baseline(r["labels"])
-            line += f"; always predicting the majority class '{names[majority]}' scores accuracy {acc:.4f}"
+        if names is not None and split != "train" and examples[split].labels is not None:
+            majority, scores = majority_scores(task, rows["train"]["labels"], r["labels"], len(names))
+            line += (f"; always predicting the training set's majority class '{names[majority]}' scores "
+                     + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()))
         print(line, flush=True)
 
     # Devices, batch sizes and the rows of each step.

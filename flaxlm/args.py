@@ -195,8 +195,9 @@ class SentencePredictionArgs:
     label_column: str = option("label", help="column of the label (class name, class id or a number)")
     is_regression: bool = option(False, help="predict a number (mean squared error) instead of a class")
     metric: str | None = option(help="the metrics every evaluation reports besides the loss, comma-separated: accuracy, "
-                                     "f1, matthews (classification); pearson, spearman (regression) (default: GLUE's "
-                                     "for --task_name, else accuracy or pearson)")
+                                     "f1 (of class 1 when there are two), macro_f1 (the mean over the classes), "
+                                     "matthews (classification); pearson, spearman (regression) (default: GLUE's for "
+                                     "--task_name, else accuracy or pearson)")
 
 
 @dataclass

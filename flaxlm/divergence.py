@@ -1,19 +1,25 @@
 """Non-finite steps: the train step never applies a NaN/Inf update, and the loop stops (or skips a few).
 
-On the device, `guard_update` keeps the previous parameters and optimizer state when the loss or the
+On the device, `apply_if_finite` keeps the previous parameters and optimizer state when the loss or the
 gradient norm is not finite, so the state (and every checkpoint of it) stays the last good one. On the
 host, `NonFiniteSteps` reads each step's flag one step late (so checking never stalls the device) and
 ends the run with a clear message once more than --skip_nonfinite_steps steps went bad.
 """
 import jax
-import jax.numpy as jnp
+import optax
 
 from flaxlm.errors import UserError
 
 
-def guard_update(finite, new_tree, old_tree):
-    """new_tree where `finite` (a scalar bool), else old_tree, leaf by leaf."""
-    return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_tree, old_tree)
+def apply_if_finite(finite, tx, grads, opt_state, params):
+    """(params, opt_state) after the optimizer step where `finite` (a scalar bool), else both unchanged.
+    A lax.cond, so only the taken branch runs and the donated state is updated in place; selecting between
+    the old and the new state leaf by leaf made XLA keep a copy of every optimizer-state buffer (3-4% of a
+    CPU step)."""
+    def step(p, o, g):
+        updates, o = tx.update(g, o, p)
+        return optax.apply_updates(p, updates), o
+    return jax.lax.cond(finite, step, lambda p, o, g: (p, o), params, opt_state, grads)
 
 
 class NonFiniteSteps:

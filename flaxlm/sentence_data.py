@@ -226,8 +226,3 @@ def token_rows(examples, tokenizer, max_seq_length, config, names):
                       "token_type_ids": token_types, "labels": labels}
     return out
 
-
-def majority_baseline(labels_N):
-    """(accuracy of always predicting the most frequent class, that class id) over int class ids."""
-    counts = np.bincount(labels_N)
-    return float(counts.max() / len(labels_N)), int(counts.argmax())

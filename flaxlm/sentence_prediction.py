@@ -34,7 +34,7 @@ GLUE_TASKS = {
     "rte": ("sentence1", "sentence2", ("accuracy",), False),
     "wnli": ("sentence1", "sentence2", ("accuracy",), False),
 }
-CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
+CLASSIFICATION_METRICS = ("accuracy", "f1", "macro_f1", "matthews")
 REGRESSION_METRICS = ("pearson", "spearman")
 
 
@@ -152,6 +152,9 @@ def compute_metrics(task, outputs):
             elif m == "f1":  # two classes: F1 of class 1 (GLUE's MRPC/QQP); more: the mean over the classes
                 binary = outputs["logits"].shape[1] == 2
                 out[m] = float(f1_score(labels, preds, average="binary" if binary else "macro", zero_division=0))
+            elif m == "macro_f1":  # the mean of every class's F1: NorBench's metric for NoReC_sentence
+                out[m] = float(f1_score(labels, preds, labels=range(outputs["logits"].shape[1]), average="macro",
+                                        zero_division=0))
             elif m == "matthews":
                 out[m] = float(matthews_corrcoef(labels, preds))
             elif m == "pearson":
@@ -159,6 +162,16 @@ def compute_metrics(task, outputs):
             elif m == "spearman":
                 out[m] = float(spearmanr(preds, labels)[0])
     return out
+
+
+def majority_scores(task, train_labels_N, labels_N, num_classes):
+    """(class id, {metric: value}): what always predicting the training set's most frequent class scores on
+    labels_N, for accuracy and the task's metrics: the baseline a fine-tuned classifier must beat."""
+    majority = int(np.bincount(train_labels_N, minlength=num_classes).argmax())
+    logits_NC = np.zeros((len(labels_N), num_classes), np.float32)
+    logits_NC[:, majority] = 1.0
+    scored = dataclasses.replace(task, metrics=tuple(dict.fromkeys(("accuracy",) + task.metrics)))
+    return majority, compute_metrics(scored, {"labels": labels_N, "logits": logits_NC})
 
 
 def write_predictions(path, task, logits_NC, label_names):

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from flaxlm import mesh as meshlib
 from flaxlm.batches import StreamRows, eval_batches, num_rows
 from flaxlm.checkpoint import Checkpointer, check_room, restore_for_resume
-from flaxlm.divergence import NonFiniteSteps, guard_update
+from flaxlm.divergence import NonFiniteSteps, apply_if_finite
 from flaxlm.errors import UserError
 from flaxlm.flops import device_peak_flops
 from flaxlm.preemption import Preempted, StopOnSignal
@@ -76,9 +76,7 @@ def make_train_step(loss_sums, tx, accum_steps):
         metrics = {k.removesuffix("_sum"): v / count for k, v in sums.items() if k != "weight_sum"}
         metrics["grad_norm"] = optax.tree.norm(grads)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        new_params, opt_state = guard_update(finite, (optax.apply_updates(params, updates), opt_state),
-                                             (params, state["opt_state"]))  # a NaN/Inf step changes nothing
+        new_params, opt_state = apply_if_finite(finite, tx, grads, state["opt_state"], params)  # NaN/Inf: no change
         metrics["finite"] = finite
         return {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state}, metrics
     return step

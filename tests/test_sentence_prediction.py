@@ -16,7 +16,7 @@ from run_helpers import read_metrics
 from flaxlm.args import SentencePredictionArgs, TextSourceArgs
 from flaxlm.errors import UserError, run_main
 from flaxlm.sentence_data import Examples, label_ids, label_names, load_examples, token_rows
-from flaxlm.sentence_prediction import compute_metrics, resolve_task, sentence_objective
+from flaxlm.sentence_prediction import compute_metrics, majority_scores, resolve_task, sentence_objective
 
 POSITIVE = ["good", "great", "fine", "lovely", "superb", "nice"]
 NEGATIVE = ["bad", "awful", "poor", "terrible", "dull", "boring"]
@@ -55,22 +55,34 @@ def pretrained(tmp_path_factory):
     return str(d)
 
 
-def test_end_to_end_fine_tune_export_and_predictions(pretrained, tmp_path):
+def test_end_to_end_fine_tune_export_and_predictions(pretrained, tmp_path, capsys):
     out = tmp_path / "run"
-    train = write_tsv(tmp_path / "train.tsv", sentences(96, 1))
+    train_rows = sentences(96, 1)
+    train = write_tsv(tmp_path / "train.tsv", train_rows)
     dev_rows = sentences(21, 2)
     dev = write_tsv(tmp_path / "dev.tsv", dev_rows)
     test = write_tsv(tmp_path / "test.tsv", [(s,) for s, _ in sentences(5, 3)], header=("sentence",))  # unlabeled
     run_classification.main([
         "--output_dir", str(out), "--model_name_or_path", pretrained, "--train_file", train, "--validation_file", dev,
-        "--test_file", test, "--do_predict", "--metric", "accuracy,f1,matthews", "--per_device_train_batch_size", "2",
+        "--test_file", test, "--do_predict", "--metric", "accuracy,f1,macro_f1,matthews",
+        "--per_device_train_batch_size", "2",
         "--learning_rate", "3e-3", "--warmup_steps", "5", "--max_steps", "40", "--logging_steps", "20",
         "--eval_steps", "20", "--eval_at_start", "--save_steps", "40"])
 
+    # the baseline to beat: the training set's majority class, scored on the dev set by every metric
+    majority = max(("neg", "pos"), key=[label for _, label in train_rows].count)
+    hits = sum(label == majority for _, label in dev_rows)
+    baseline = re.search(r"always predicting the training set's majority class '(\w+)' scores accuracy ([\d.]+), "
+                         r"f1 ([\d.]+), macro_f1 ([\d.]+), matthews ([-\d.]+)", capsys.readouterr().out)
+    assert baseline.group(1) == majority and float(baseline.group(2)) == pytest.approx(hits / 21, abs=1e-4)
+    assert float(baseline.group(4)) == pytest.approx(hits / 21 / (1 + hits / 21), abs=1e-4)  # one class's F1, halved
+    assert float(baseline.group(5)) == 0.0
+
     evals = read_metrics(out, "eval")
     assert [r["step"] for r in evals] == [0, 20, 40]
-    assert set(evals[-1]) >= {"loss", "accuracy", "f1", "matthews"} and "perplexity" not in evals[-1]
+    assert set(evals[-1]) >= {"loss", "accuracy", "f1", "macro_f1", "matthews"} and "perplexity" not in evals[-1]
     assert evals[-1]["accuracy"] == 1.0 and evals[-1]["matthews"] == 1.0  # learned the toy task
+    assert evals[-1]["macro_f1"] == 1.0
     assert evals[-1]["loss"] < 0.5 * evals[0]["loss"]
     assert not read_metrics(out, "test")  # an unlabeled test split is only predicted
 
@@ -141,7 +153,7 @@ def test_glue_task_defaults_and_metric_choice():
     from flaxlm.args import DataArgs, ModelArgs, TrainingArgs
     from flaxlm.cli import parse_args
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for recipe, metrics in (("sst2", ("accuracy",)), ("norec_sentence", ("accuracy", "f1"))):
+    for recipe, metrics in (("sst2", ("accuracy",)), ("norec_sentence", ("accuracy", "macro_f1"))):
         *_, sp, train_args = parse_args(ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs,
                                         argv=["--config_file", f"{repo}/configs/{recipe}.yaml", "--output_dir", "x"],
                                         prog="run_classification.py")
@@ -154,6 +166,15 @@ def test_metrics_match_their_definitions():
     got = compute_metrics(cls, {"logits": logits, "labels": np.array([0, 1, 0, 0, 1])})
     # tp 2, fp 1, fn 0, tn 2: f1 = 2*2 / (2*2 + 1) = 0.8; mcc = (2*2 - 1*0) / sqrt(3*2*2*3) = 4/6
     assert got == pytest.approx({"accuracy": 0.8, "f1": 0.8, "matthews": 4 / 6})
+    # macro F1 is the mean over the classes, a class never predicted counting 0: predicting all 0 on 0 0 0 1
+    # gives class 0 F1 = 2*3 / (2*3 + 1) and class 1 F1 = 0
+    macro = resolve_task(SentencePredictionArgs(metric="macro_f1"))
+    got = compute_metrics(macro, {"logits": np.tile([[1.0, 0.0]], (4, 1)), "labels": np.array([0, 0, 0, 1])})
+    assert got == pytest.approx({"macro_f1": 3 / 7})
+    # the majority baseline: the training set's most frequent class, scored with accuracy and the task's metrics
+    majority, scores = majority_scores(resolve_task(SentencePredictionArgs(metric="macro_f1,matthews")),
+                                       np.array([1, 0, 0]), np.array([0, 0, 0, 1]), 2)
+    assert majority == 0 and scores == pytest.approx({"accuracy": 0.75, "macro_f1": 3 / 7, "matthews": 0.0})
     reg = resolve_task(SentencePredictionArgs(task_name="stsb"))
     got = compute_metrics(reg, {"logits": np.array([[1.0], [2.0], [4.0]]), "labels": np.array([1.0, 2.0, 3.0])})
     assert got["spearman"] == pytest.approx(1.0) and got["pearson"] == pytest.approx(0.9819805, abs=1e-6)
