@@ -59,11 +59,12 @@ def test_memory_only_compiles_without_running(tmp_path):
 def test_rounds_report_medians_and_the_ratio_of_medians(monkeypatch):
     from bench import run
     ours, theirs = iter([100.0, 300.0, 200.0]), iter([50.0, 400.0, 100.0])
+    peaks = iter([1e11, 0.5e11, 0.8e11])  # the second round's peak was measured in a busy moment
 
     def fake_bench_task(task, c, a):
         tokens_per_s = next(ours)
         return {"tokens_per_s": tokens_per_s, "step_ms": 1e6 / tokens_per_s, "mfu": 0.0, "flops_per_step": 2e9,
-                "peak_flops": 1e11}
+                "peak_flops": next(peaks)}
     monkeypatch.setattr(run, "bench_task", fake_bench_task)
     monkeypatch.setattr(run, "run_reference",
                         lambda python, task, c, a: {"hf-torch x": next(theirs), "hf-flax x": "error: boom"})
@@ -71,7 +72,8 @@ def test_rounds_report_medians_and_the_ratio_of_medians(monkeypatch):
     r = run.measure_rounds("clm", TINY["clm"], a, [], "python")
     assert [x["tokens_per_s"] for x in r["rounds"]] == [100, 300, 200]
     assert [x["reference"]["hf-torch x"] for x in r["rounds"]] == [50, 400, 100]
-    assert r["tokens_per_s"] == 200 and r["step_ms"] == 5000 and r["mfu"] == 0.004  # the median round's
+    assert r["tokens_per_s"] == 200 and r["step_ms"] == 5000  # the median round's
+    assert r["peak_flops"] == 1e11 and r["mfu"] == 0.004  # against the highest peak
     assert r["reference"] == {"hf-torch x": 100, "hf-flax x": "error: boom"}
     assert r["ratios"] == {"hf-torch x": 2.0}  # median over median, not a median of per-round ratios
     with pytest.raises(run.UserError, match="--rounds 0"):
