@@ -248,10 +248,11 @@ def measure_rounds(task, c, a, argv, python):
             r["peak_flops"] = max(x["peak_flops"] for x in rounds)
             r["mfu"] = round(r["flops_per_step"] / (r["step_ms"] / 1000) / r["peak_flops"], 4)
         if python:
-            r["reference"] = {k: (float(np.median(vs)) if all(isinstance(v, (int, float)) for v in vs) else
-                                  next(v for v in vs if not isinstance(v, (int, float))))
-                              for k in rounds[0]["reference"]
-                              for vs in [[x["reference"].get(k, "error: missing") for x in rounds]]}
+            r["reference"] = {}
+            for k in rounds[0]["reference"]:
+                values = [x["reference"].get(k, "error: missing") for x in rounds]
+                errors = [v for v in values if not isinstance(v, (int, float))]
+                r["reference"][k] = errors[0] if errors else float(np.median(values))
     if python:
         r["ratios"] = {k: round(r["tokens_per_s"] / v, 3) for k, v in r["reference"].items()
                        if isinstance(v, (int, float)) and v > 0}
