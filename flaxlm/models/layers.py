@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
+from flaxlm.models import matmul
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -113,9 +114,11 @@ _split_last.defvjp(_split_last_fwd, _split_last_bwd)
 
 
 def dense(d_in, d_out, dtype, std, rngs, use_bias=True):
-    """A Linear with float32 parameters, normal(std) kernel [in, out], zero bias, computing in dtype."""
+    """A Linear with float32 parameters, normal(std) kernel [in, out], zero bias, computing in dtype (its matmul:
+    models.matmul.dot_general, whose weight gradient is the fast form on CPU)."""
     return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
-                      kernel_init=nnx.initializers.normal(std), bias_init=nnx.initializers.zeros, rngs=rngs)
+                      kernel_init=nnx.initializers.normal(std), bias_init=nnx.initializers.zeros, rngs=rngs,
+                      dot_general=matmul.dot_general)
 
 
 def lm_logits(h_MD, weight, tied, dtype):
