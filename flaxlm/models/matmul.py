@@ -2,12 +2,13 @@
 
     y = dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))   # as in nnx.Linear(dot_general=...)
 
-is lax.dot_general. Why: autodiff writes the kernel's gradient as x^T @ dy contracting the rows of both
-(a "transposed-lhs" product); XLA's CPU backend hands that form to Eigen, which on a 2-core Zen 4 runs it at
-about 105 GFLOP/s, while the plain form goes to YNNPACK at 147-187, the transpose included (1024 rows, 256-1024 wide). On CPU the
-backward pass here therefore first writes x^T out (a transpose of the layer's input, an optimization
-barrier keeping XLA from folding it back into the product) and then multiplies in the plain form. Elsewhere
-(GPU, TPU: transposed operands cost nothing there) and for any other dimension numbers it is
+is lax.dot_general. Why: autodiff writes the kernel's gradient as x^T @ dy contracting the rows of both (a
+"transposed-lhs" product); XLA's CPU backend hands that form to Eigen, which on a 2-core Zen 4 runs it at
+about 105 GFLOP/s, while the plain form goes to YNNPACK at 147-187, the transpose included (1024 rows,
+256-1024 wide). On CPU the backward pass here therefore first writes x^T out (a transpose of the layer's
+input, an optimization barrier keeping XLA from folding it back into the product) and then multiplies in the
+plain form. Elsewhere (GPU, TPU: transposed operands cost nothing there) and for any other dimension numbers
+it is
 lax.dot_general itself.
 """
 import functools
