@@ -8,8 +8,7 @@ about 105 GFLOP/s, while the plain form goes to YNNPACK at 147-187, the transpos
 256-1024 wide). On CPU the backward pass here therefore first writes x^T out (a transpose of the layer's
 input, an optimization barrier keeping XLA from folding it back into the product) and then multiplies in the
 plain form. Elsewhere (GPU, TPU: transposed operands cost nothing there) and for any other dimension numbers
-it is
-lax.dot_general itself.
+it is lax.dot_general itself.
 """
 import functools
 
