@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -93,10 +94,10 @@ def build_objective(task, c, dtype, execution, abstract, head_chunk_rows=None):
     return params, clm_objective(graphdef, config, params, c["seq"], pad_id=0, head_chunk_rows=head_chunk_rows), c["seq"]
 
 
-def bench_task(task, c, a):
-    """Compile the train step for setup c (from abstract inputs) and, unless --memory_only, time a.steps steps
-    after two warm-up steps. Returns the figures as a dict."""
-    from flaxlm.flops import device_peak_flops
+def compile_step(task, c, a):
+    """The train step for setup c, compiled from abstract inputs as the training loop runs it: a namespace
+    with compiled, compile_s, params, objective, chunks, mesh, tx, data (the batch sharding), key and
+    host_batch(i) (what the loop does on the host for step i)."""
     from flaxlm.sharding import state_shardings
     params, objective, row_len = build_objective(task, c, a.dtype, layer_execution(a), a.memory_only,
                                                  a.lm_head_chunk_rows)
@@ -112,7 +113,7 @@ def bench_task(task, c, a):
                    out_shardings=(shardings, repl), donate_argnums=() if a.no_donate else 0)
     ids = np.random.default_rng(0).integers(5, c["vocab"] - 100, size=(c["batch"], row_len)).astype(np.int32)
 
-    def host_batch(i):  # what the loop does on the host each step
+    def host_batch(i):
         batch = objective.collate(ids, np.random.default_rng(i))
         if chunks > 1:
             batch = {k: v.reshape(chunks, -1, *v.shape[1:]) for k, v in batch.items()}
@@ -122,13 +123,26 @@ def bench_task(task, c, a):
     t = time.perf_counter()
     batch_shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in host_batch(0).items()}
     compiled = step.lower(state_shapes, batch_shapes, key).compile()
+    return SimpleNamespace(compiled=compiled, compile_s=round(time.perf_counter() - t, 2), params=params,
+                           objective=objective, chunks=chunks, mesh=mesh, tx=tx, data=data, key=key,
+                           host_batch=host_batch)
+
+
+def bench_task(task, c, a):
+    """Compile the train step for setup c (from abstract inputs) and, unless --memory_only, time a.steps steps
+    after two warm-up steps. Returns the figures as a dict."""
+    from flaxlm.flops import device_peak_flops
+    built = compile_step(task, c, a)
+    compiled, params, objective, chunks, mesh, tx, data, key, host_batch = (
+        built.compiled, built.params, built.objective, built.chunks, built.mesh, built.tx, built.data, built.key,
+        built.host_batch)
     mem = compiled.memory_analysis()
     parts = {} if mem is None else {"arguments": mem.argument_size_in_bytes, "outputs": mem.output_size_in_bytes,
                                      "temp": mem.temp_size_in_bytes, "aliased": mem.alias_size_in_bytes}
     estimate = parts["arguments"] + parts["outputs"] + parts["temp"] - parts["aliased"] if parts else None
     r = {"config": c["name"], "dtype": a.dtype, "device": jax.devices()[0].device_kind, "devices": mesh.size,
          "params": count_params(params), "batch": c["batch"], "tokens_per_example": objective.tokens_per_example,
-         "chunks": chunks, "compile_s": round(time.perf_counter() - t, 2), "memory_estimate_bytes": estimate,
+         "chunks": chunks, "compile_s": built.compile_s, "memory_estimate_bytes": estimate,
          "memory_estimate_parts": parts, "memory_bytes": estimate,
          "memory_source": "compiler's estimate (memory_analysis: args + outputs + temp - aliased)"}
     print(f"{task}: compiled in {r['compile_s']} s" + ("" if a.memory_only else f"; timing {a.steps} steps"),
