@@ -11,13 +11,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import ConfigArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.config.options import ConfigArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 from flaxlm.models.hf_io import save_config  # noqa: E402
-from flaxlm.output_dir import check_writable_dir  # noqa: E402
-from flaxlm.tokenizer_io import has_tokenizer, load_tokenizer  # noqa: E402
-from flaxlm.presets import PRESETS, build_config, count_params, get_preset, human, parse_overrides  # noqa: E402
+from flaxlm.files import check_writable_dir  # noqa: E402
+from flaxlm.tokenization.loading import has_tokenizer, load_tokenizer  # noqa: E402
+from flaxlm.models.presets import PRESETS, build_config, count_params, get_preset, human, parse_overrides  # noqa: E402
 
 
 

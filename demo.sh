@@ -13,7 +13,7 @@ PY=${PYTHON:-python}
 task=mlm
 if [[ "${1:-}" == "t5" || "${1:-}" == "mlm" || "${1:-}" == "clm" ]]; then task=$1; shift; fi
 start=$(date +%s)
-$PY -m flaxlm.demo_corpus --output_dir runs/demo/data
+$PY -m flaxlm.data.demo_corpus --output_dir runs/demo/data
 if [[ $task == mlm ]]; then
     recipe=configs/demo.yaml run=runs/demo/run
     $PY train_tokenizer.py --config_file $recipe --overwrite_output_dir
@@ -36,5 +36,5 @@ else
     $PY fill_spans.py $run "The break statement is used to leave a <extra_id_0> early." \
         "Return the <extra_id_0> value of a number."
 fi
-$PY -m flaxlm.eval_summary $run/metrics.jsonl
+$PY -m flaxlm.training.eval_summary $run/metrics.jsonl
 echo "demo finished in $(( $(date +%s) - start )) s; eval losses in $run/metrics.jsonl"

@@ -12,8 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import GenerateArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.config.options import GenerateArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, decode_utf8_line, run_main  # noqa: E402
 
 
@@ -58,8 +58,8 @@ def main(argv=None):
     prompts = read_prompts(args)
     if args.do_sample and args.temperature <= 0:
         raise UserError(f"--temperature must be > 0 with --do_sample, not {args.temperature}")
-    from flaxlm.generation import generate
-    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+    from flaxlm.models.generation import generate
+    from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     config, model = load_causal_lm(args.model_name_or_path, args.dtype)
     tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path, local_only=True)

@@ -14,8 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import DataArgs, ModelArgs, SentencePredictionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.config.options import DataArgs, ModelArgs, SentencePredictionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
 
 
@@ -23,18 +23,18 @@ def main(argv=None):
     model_args, source, data_args, task_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs, argv=argv,
         prog="run_classification.py", description=__doc__)
-    from flaxlm import mesh as meshlib
-    from flaxlm.batches import ShuffledRows
-    from flaxlm.mlm import resolve_seq_len
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.objectives.mlm import resolve_seq_len
     from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
-    from flaxlm.output_dir import start_fresh
-    from flaxlm.pipeline import batch_sizes, export, pretrain, start_run, total_train_steps
-    from flaxlm.sentence_data import label_names, load_examples, token_rows
-    from flaxlm.sentence_prediction import (load_classifier, majority_scores, resolve_task, sentence_objective,
+    from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.pipeline import batch_sizes, export, pretrain, start_run, total_train_steps
+    from flaxlm.data.sentence_data import label_names, load_examples, token_rows
+    from flaxlm.tasks.sentence_prediction import (load_classifier, majority_scores, resolve_task, sentence_objective,
                                             write_predictions)
-    from flaxlm.tokenizer_io import check_fits, load_tokenizer
-    from flaxlm.train_loop import collect_predictions
+    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.training.loop import collect_predictions
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     task = resolve_task(task_args, source.text_column)

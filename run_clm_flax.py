@@ -17,8 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import CausalLMArgs, DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.config.options import CausalLMArgs, DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 
 
@@ -28,13 +28,13 @@ def main(argv=None):
         description=__doc__)
     if data_args.line_by_line:
         raise UserError("--line_by_line does not apply to causal-LM training (text is packed into blocks); drop it")
-    from flaxlm import mesh as meshlib
-    from flaxlm.clm import clm_objective, resolve_block_size
-    from flaxlm.data import load_raw_text, tokenize_and_group
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.objectives.clm import clm_objective, resolve_block_size
+    from flaxlm.data.text import load_raw_text, tokenize_and_group
     from flaxlm.models import CAUSAL_LM_TYPES, split_model
-    from flaxlm.output_dir import start_fresh
-    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
-    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+    from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
+    from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 

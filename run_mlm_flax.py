@@ -14,22 +14,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.config.options import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
 
 
 def main(argv=None):
     model_args, source, data_args, args = parse_args(ModelArgs, TextSourceArgs, DataArgs, TrainingArgs,
                                                      argv=argv, prog="run_mlm_flax.py", description=__doc__)
-    from flaxlm import mesh as meshlib
-    from flaxlm.data import load_raw_text, tokenize_and_group
-    from flaxlm.mlm import mlm_objective, resolve_seq_len
-    from flaxlm.mlm_masking import MLMMasker
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.data.text import load_raw_text, tokenize_and_group
+    from flaxlm.objectives.mlm import mlm_objective, resolve_seq_len
+    from flaxlm.data.mlm_masking import MLMMasker
     from flaxlm.models import split_model
-    from flaxlm.output_dir import start_fresh
-    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
-    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+    from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
+    from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 

@@ -18,8 +18,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import DataArgs, ModelArgs, QuestionAnsweringArgs, TextSourceArgs, TrainingArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.config.options import DataArgs, ModelArgs, QuestionAnsweringArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 
 PREDICTIONS_FILE = "predictions.json"
@@ -29,17 +29,17 @@ def main(argv=None):
     model_args, source, data_args, qa_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, QuestionAnsweringArgs, TrainingArgs, argv=argv, prog="run_qa.py",
         description=__doc__)
-    from flaxlm import mesh as meshlib
-    from flaxlm.batches import ShuffledRows
-    from flaxlm.mlm import resolve_seq_len
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.objectives.mlm import resolve_seq_len
     from flaxlm.models import load_for_task, split_model
-    from flaxlm.output_dir import start_fresh
-    from flaxlm.pipeline import (batch_sizes, check_model_type, export, model_execution, pretrain, start_run,
+    from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.pipeline import (batch_sizes, check_model_type, export, model_execution, pretrain, start_run,
                                  total_train_steps)
-    from flaxlm.squad import read_squad, squad_windows
-    from flaxlm.squad_objective import predicted_answers, squad_objective
-    from flaxlm.tokenizer_io import check_fits, load_tokenizer
-    from flaxlm.train_loop import collect_predictions
+    from flaxlm.data.squad import read_squad, squad_windows
+    from flaxlm.tasks.squad_objective import predicted_answers, squad_objective
+    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.training.loop import collect_predictions
 
     check_sources(source, args)
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work

@@ -15,8 +15,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import DataArgs, ModelArgs, SpanCorruptionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
+from flaxlm.config.options import DataArgs, ModelArgs, SpanCorruptionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 
 
@@ -26,14 +26,14 @@ def main(argv=None):
         prog="run_t5_mlm_flax.py", description=__doc__)
     if data_args.line_by_line:
         raise UserError("--line_by_line does not apply to span corruption (text is grouped into chunks); drop it")
-    from flaxlm import mesh as meshlib
-    from flaxlm.data import load_raw_text, tokenize_and_group
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.data.text import load_raw_text, tokenize_and_group
     from flaxlm.models import split_model
-    from flaxlm.output_dir import start_fresh
-    from flaxlm.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
-    from flaxlm.span_corruption import SpanCorruptor
-    from flaxlm.span_lm import check_decoder_start, resolve_input_length, span_objective
-    from flaxlm.tokenizer_io import check_fits, load_tokenizer
+    from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
+    from flaxlm.data.span_corruption import SpanCorruptor
+    from flaxlm.objectives.span_lm import check_decoder_start, resolve_input_length, span_objective
+    from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 

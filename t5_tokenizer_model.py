@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.unigram_tokenizer import SentencePieceUnigramTokenizer  # noqa: E402
+from flaxlm.tokenization.unigram import SentencePieceUnigramTokenizer  # noqa: E402
 
 __all__ = ["SentencePieceUnigramTokenizer"]
 

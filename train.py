@@ -5,7 +5,7 @@
         --config_file=configs/models/roberta_base.yaml --config_file=configs/experiments/sst2.yaml \
         --params_override=task.model.model_name_or_path=runs/my-roberta,trainer.optimizer.learning_rate=2e-5
 
-Pipeline: the experiment's typed config (flaxlm.experiment_registry) <- each --config_file (nested yaml) in
+Pipeline: the experiment's typed config (flaxlm.config.experiment_registry) <- each --config_file (nested yaml) in
 order <- each --params_override -> printed and written to model_dir/experiment.yaml -> for a model pretrained
 from scratch, its config.json in model_dir from task.model.preset (create_config.py) -> the experiment's script
 run with the flat flags of that config (the same parsing and checks as its own command line), --mode
@@ -18,11 +18,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.cli import _build_parser, parse_args  # noqa: E402
+from flaxlm.config.cli import _build_parser, parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
-from flaxlm.experiment_config import options_of, printable, resolve, to_argv, to_yaml  # noqa: E402
-from flaxlm.args import DriverArgs  # noqa: E402
-from flaxlm.experiment_registry import EXPERIMENTS, MODE_OPTIONS, get_experiment  # noqa: E402
+from flaxlm.config.experiments import options_of, printable, resolve, to_argv, to_yaml  # noqa: E402
+from flaxlm.config.options import DriverArgs  # noqa: E402
+from flaxlm.config.experiment_registry import EXPERIMENTS, MODE_OPTIONS, get_experiment  # noqa: E402
 
 CONFIG_FILE = "experiment.yaml"  # what a training run writes; an evaluation job writes experiment_{mode}.yaml
 
@@ -62,8 +62,8 @@ def main(argv=None):
     argv = to_argv(experiment.groups, options)
 
     # The script's own parsing and output-directory rule, before anything is written.
-    from flaxlm.args import TrainingArgs
-    from flaxlm.output_dir import prepare_output_dir
+    from flaxlm.config.options import TrainingArgs
+    from flaxlm.training.output_dir import prepare_output_dir
     args = next(a for a in parse_args(*experiment.groups, argv=argv, prog=f"{experiment.script}.py")
                 if isinstance(a, TrainingArgs))
     prepare_output_dir(args)

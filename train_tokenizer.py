@@ -11,11 +11,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.args import TextSourceArgs, TokenizerArgs  # noqa: E402
-from flaxlm.cli import parse_args  # noqa: E402
-from flaxlm.data import iter_texts, load_raw_text  # noqa: E402
+from flaxlm.config.options import TextSourceArgs, TokenizerArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
+from flaxlm.data.text import iter_texts, load_raw_text  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
-from flaxlm.tokenizer_training import check_output_dir, get_trainer, save_tokenizer  # noqa: E402
+from flaxlm.tokenization.trainers import check_output_dir, get_trainer, save_tokenizer  # noqa: E402
 
 
 def main(argv=None):

@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from flaxlm.args import REMAT_POLICIES  # noqa: E402
+from flaxlm.config.options import REMAT_POLICIES  # noqa: E402
 from flaxlm.models import Execution, abstract_model, merge_model  # noqa: E402
-from flaxlm.presets import build_config  # noqa: E402
+from flaxlm.models.presets import build_config  # noqa: E402
 
 MASKED = 20  # masked positions per row (RoBERTa)
 

@@ -4,11 +4,11 @@
     python bench/data_pipeline.py                      # ../shared/data/no/norec_dev.txt, seq 128 and 512
     python bench/data_pipeline.py --file corpus.txt --seq_lengths 128 --workers 1 2 --hf_workers 2
 
-One byte-level BPE tokenizer (flaxlm.tokenizer_training.train_bpe, --vocab_size) is trained on the file once,
-saved to a temp dir and loaded as run_mlm_flax.py loads it (flaxlm.tokenizer_io.load_tokenizer). Then, per
+One byte-level BPE tokenizer (flaxlm.tokenization.trainers.train_bpe, --vocab_size) is trained on the file once,
+saved to a temp dir and loaded as run_mlm_flax.py loads it (flaxlm.tokenization.loading.load_tokenizer). Then, per
 sequence length:
 
-  ours: flaxlm.data.load_raw_text + tokenize_and_group(num_workers=N, overwrite_cache=True): one datasets.map
+  ours: flaxlm.data.text.load_raw_text + tokenize_and_group(num_workers=N, overwrite_cache=True): one datasets.map
         that tokenizes a batch of 1000 texts and cuts it into int32 blocks (the remainder dropped);
   hf:   run_mlm_flax.py's way (transformers 4.x): datasets.map(tokenize_function, batched=True, num_proc=N,
         remove_columns=["text"]) with return_special_tokens_mask=True, then datasets.map(group_texts,
@@ -38,8 +38,8 @@ DEFAULT_FILE = os.path.join(REPO, "..", "shared", "data", "no", "norec_dev.txt")
 
 def load_text(path, cache_dir):
     """The file as load_raw_text gives it to run_mlm_flax.py: {"train": Dataset} of non-blank lines."""
-    from flaxlm.args import TextSourceArgs
-    from flaxlm.data import load_raw_text
+    from flaxlm.config.options import TextSourceArgs
+    from flaxlm.data.text import load_raw_text
     return load_raw_text(TextSourceArgs(train_file=[path], cache_dir=cache_dir), validation_split_percentage=0)
 
 
@@ -63,8 +63,8 @@ def measure(impl, workers, seq_len, tokenizer_dir, path, rows_out):
     import datasets
     import numpy as np
 
-    from flaxlm.data import as_numpy_rows, tokenize_and_group
-    from flaxlm.tokenizer_io import load_tokenizer
+    from flaxlm.data.text import as_numpy_rows, tokenize_and_group
+    from flaxlm.tokenization.loading import load_tokenizer
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="bench-data-cache-") as cache:
@@ -86,8 +86,8 @@ def measure(impl, workers, seq_len, tokenizer_dir, path, rows_out):
 
 
 def train_tokenizer(path, vocab_size, out_dir):
-    from flaxlm.data import iter_texts
-    from flaxlm.tokenizer_training import save_tokenizer, train_bpe
+    from flaxlm.data.text import iter_texts
+    from flaxlm.tokenization.trainers import save_tokenizer, train_bpe
     with tempfile.TemporaryDirectory(prefix="bench-data-cache-") as cache:
         train = load_text(path, cache)["train"]
         save_tokenizer(train_bpe(iter_texts(train), vocab_size=vocab_size, total=len(train)), out_dir)

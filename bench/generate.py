@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time greedy decoding (flaxlm.generation) against transformers' PyTorch generate, same weights and prompts.
+"""Time greedy decoding (flaxlm.models.generation) against transformers' PyTorch generate, same weights and prompts.
 
     python bench/generate.py                       # the "small" GPT-2 shape, prompts of 50 and 500 tokens
     python bench/generate.py --batch 8 --new_tokens 128 --prompt_lengths 50 500 900
@@ -9,7 +9,7 @@ The "small" shape of bench/train_step.py as a GPT-2: vocab 8192, hidden 256, 4 l
 n_positions 1024, random weights, fp32. For each prompt length P it generates new_tokens tokens after a
 prompt of P random ids and reports the decode speed, i.e. tokens per second at positions P .. P + new_tokens,
 so P 50 against P 500 shows whether the per-token cost stays flat (the cache: no recomputation of the prefix).
-Ours: flaxlm.generation's decode-loop time (compiled beforehand, prefill excluded). transformers: the time of
+Ours: flaxlm.models.generation's decode-loop time (compiled beforehand, prefill excluded). transformers: the time of
 generate(max_new_tokens=new_tokens) less that of generate(max_new_tokens=1) (the prefill and setup), over the
 new_tokens - 1 tokens in between; the best of --repeats
 (the machine may be shared). EOS is off on both sides. Ends with one JSON line.
@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from flaxlm.generation import generate  # noqa: E402
+from flaxlm.models.generation import generate  # noqa: E402
 from flaxlm.models import load_pretrained  # noqa: E402
 
 SMALL = dict(vocab_size=8192, n_embd=256, n_layer=4, n_head=4, n_inner=1024, n_positions=1024)
@@ -44,7 +44,7 @@ def hf_model_and_ours(tmp):
 
 
 def ours(model, prompts, new_tokens, repeats):
-    """(decode tokens/s, prefill seconds, the tokens) of flaxlm.generation, the best of the repeats."""
+    """(decode tokens/s, prefill seconds, the tokens) of flaxlm.models.generation, the best of the repeats."""
     runs = [generate(model, prompts, new_tokens) for _ in range(repeats + 1)][1:]  # the first one compiles
     return (float(np.max([r.decode_tokens_per_second for r in runs])),
             float(np.min([r.prefill_seconds for r in runs])), runs[0].tokens)

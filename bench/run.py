@@ -15,7 +15,7 @@
 Suites and targets: bench/setups.py. Per objective and config it reports the step time (median over the
 timed steps, run as the training loop runs them: each step dispatched before the previous one is read, so
 the host's work overlaps the device's), tokens/s (batch x input length), MFU (the objective's analytic
-FLOPs / the device peak of flaxlm.flops.device_peak_flops, its source shown), peak device memory
+FLOPs / the device peak of flaxlm.training.flops.device_peak_flops, its source shown), peak device memory
 (memory_stats()["peak_bytes_in_use"] where the device has it, else the compiled step's memory_analysis():
 arguments + outputs + temporaries - aliased, the compiler's estimate) and the host's time per step (random
 rows -> objective.collate -> reshape -> meshlib.to_device_batch), in ms and as a share of the step.
@@ -24,7 +24,7 @@ estimate is above an accelerator's: XLA:CPU keeps float32 copies of bfloat16 act
 --scan_layers its figure does not shrink with --remat_policy (its schedule keeps every layer's residuals
 live); with both it does: roberta-base, batch 256 on one device, fp32, --scan_layers --remat_policy full:
 1.39 GiB of state + 6.08 GiB of temporaries (loop, no remat, extrapolated from batch 32/64: ~32 GiB).
-The step is flaxlm.train_loop's (make_train_step, initial_state, cpu_chunks), with AdamW.
+The step is flaxlm.training.loop's (make_train_step, initial_state, cpu_chunks), with AdamW.
 
 References, in the same command (--reference PYTHON; default: the cpu suite uses /tmp/hfref/bin/python
 when it exists, the gpu suite this interpreter, tiny none): cpu runs ../shared/bench/hf_reference.py
@@ -50,12 +50,12 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from bench.setups import MEAN_SPAN, NOISE_DENSITY, OBJECTIVES, REFERENCE_TASK, SUITES, describe, hf_config  # noqa: E402
-from flaxlm import mesh as meshlib  # noqa: E402
-from flaxlm.args import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # noqa: E402
+from flaxlm.training import mesh as meshlib  # noqa: E402
+from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 from flaxlm.models import count_params, create_model, split_model  # noqa: E402
 from flaxlm.models.layer_stack import Execution  # noqa: E402
-from flaxlm.train_loop import cpu_chunks, initial_state, make_train_step  # noqa: E402
+from flaxlm.training.loop import cpu_chunks, initial_state, make_train_step  # noqa: E402
 
 HF_REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "hf_reference.py")
 TORCH_REFERENCE = os.path.join(ROOT, "bench", "torch_reference.py")
@@ -78,19 +78,19 @@ def build_objective(task, c, dtype, execution, abstract, head_chunk_rows=None):
         return create_model(config, dtype=dtype, seed=0, execution=execution)
     graphdef, params = split_model(nnx.eval_shape(model) if abstract else model())
     if task == "mlm":
-        from flaxlm.mlm import mlm_objective
-        from flaxlm.mlm_masking import MLMMasker
+        from flaxlm.objectives.mlm import mlm_objective
+        from flaxlm.data.mlm_masking import MLMMasker
         masker = MLMMasker(seq_len=c["seq"], vocab_size=c["vocab"], mask_token_id=4, pad_token_id=1,
                            special_token_ids=[0, 1, 2, 3, 4], mlm_probability=0.15)
         return params, mlm_objective(graphdef, config, masker, c["seq"], head_chunk_rows), c["seq"]
     if task == "t5":
-        from flaxlm.span_corruption import SpanCorruptor
-        from flaxlm.span_lm import span_objective
+        from flaxlm.data.span_corruption import SpanCorruptor
+        from flaxlm.objectives.span_lm import span_objective
         corruptor = SpanCorruptor(inputs_length=c["seq"], noise_density=NOISE_DENSITY,
                                   mean_noise_span_length=MEAN_SPAN, eos_token_id=1, pad_token_id=0,
                                   first_sentinel_id=c["vocab"] - 1)
         return params, span_objective(graphdef, config, corruptor, head_chunk_rows), corruptor.raw_length
-    from flaxlm.clm import clm_objective
+    from flaxlm.objectives.clm import clm_objective
     return params, clm_objective(graphdef, config, params, c["seq"], pad_id=0, head_chunk_rows=head_chunk_rows), c["seq"]
 
 
@@ -98,7 +98,7 @@ def compile_step(task, c, a):
     """The train step for setup c, compiled from abstract inputs as the training loop runs it: a namespace
     with compiled, compile_s, params, objective, chunks, mesh, tx, data (the batch sharding), key and
     host_batch(i) (what the loop does on the host for step i)."""
-    from flaxlm.sharding import state_shardings
+    from flaxlm.training.sharding import state_shardings
     params, objective, row_len = build_objective(task, c, a.dtype, layer_execution(a), a.memory_only,
                                                  a.lm_head_chunk_rows)
     mesh = meshlib.make_mesh()
@@ -131,7 +131,7 @@ def compile_step(task, c, a):
 def bench_task(task, c, a):
     """Compile the train step for setup c (from abstract inputs) and, unless --memory_only, time a.steps steps
     after two warm-up steps. Returns the figures as a dict."""
-    from flaxlm.flops import device_peak_flops
+    from flaxlm.training.flops import device_peak_flops
     built = compile_step(task, c, a)
     compiled, params, objective, chunks, mesh, tx, data, key, host_batch = (
         built.compiled, built.params, built.objective, built.chunks, built.mesh, built.tx, built.data, built.key,
@@ -338,7 +338,7 @@ def parse_args(argv):
     p.add_argument("--cpu_chunk_tokens", type=int,
                    help="on CPU, run each device's batch through the model in chunks of at least this many "
                         "tokens, as training does (0: off; default: the suite's)")
-    p.add_argument("--peak_flops", type=float, help="device peak FLOP/s for MFU (default: flaxlm.flops)")
+    p.add_argument("--peak_flops", type=float, help="device peak FLOP/s for MFU (default: flaxlm.training.flops)")
     p.add_argument("--reference", default="auto", metavar="PYTHON",
                    help="interpreter for the suite's reference script, run in this command; 'none' to skip")
     p.add_argument("--torch_compile", action="store_true", help="gpu suite: torch.compile the reference model")
@@ -354,7 +354,7 @@ def parse_args(argv):
     p.add_argument("--attention_implementation", choices=ATTENTION_IMPLEMENTATIONS, default="auto",
                    help="jax.nn.dot_product_attention implementation (cudnn: NVIDIA GPUs, bf16/fp16)")
     p.add_argument("--lm_head_chunk_rows", type=int,
-                   help="rows per device whose LM-head logits are computed at a time (default: flaxlm.lm_loss's; 0: all)")
+                   help="rows per device whose LM-head logits are computed at a time (default: flaxlm.objectives.lm_loss's; 0: all)")
     p.add_argument("--no_donate", action="store_true", help="do not donate the train state's buffers to the step")
     p.add_argument("--sync_every_step", action="store_true",
                    help="wait for each step before preparing the next batch (turns off the host/device overlap)")

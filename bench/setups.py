@@ -8,7 +8,7 @@ roberta-base at seq 128, global batch 256; t5-v1_1-base at input 512 (target 114
 seq 1024, batch 32. T5 is span corruption with noise 0.15 and mean span 3 (seq is its input length); masked
 LM masks 15%; every model trains with its config's dropout.
 """
-from flaxlm.span_corruption import t5_lengths
+from flaxlm.data.span_corruption import t5_lengths
 
 OBJECTIVES = {"mlm": "masked LM (RoBERTa)", "t5": "span corruption (T5 v1.1)", "clm": "causal LM (GPT-2)"}
 REFERENCE_TASK = {"mlm": "roberta-mlm", "t5": "t5-span", "clm": "gpt2-clm"}  # names in the references' JSON

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time the T5 span-corruption collator (flaxlm.span_corruption.SpanCorruptor) on the host.
+"""Time the T5 span-corruption collator (flaxlm.data.span_corruption.SpanCorruptor) on the host.
 
     taskset -c 0 python bench/span_collator.py            # one core, as the target is stated
     python bench/span_collator.py --inputs_length 512 --noise_density 0.15 --mean_noise_span_length 3
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from flaxlm.span_corruption import SpanCorruptor  # noqa: E402
+from flaxlm.data.span_corruption import SpanCorruptor  # noqa: E402
 
 
 def main():

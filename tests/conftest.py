@@ -26,7 +26,7 @@ def shared_data():
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     """The demo corpus, cut small: ~60 KB train, the demo's validation file."""
-    from flaxlm.demo_corpus import write_demo_corpus
+    from flaxlm.data.demo_corpus import write_demo_corpus
     d = tmp_path_factory.mktemp("corpus")
     paths = write_demo_corpus(str(d))
     with open(paths["train"], encoding="utf-8") as f:

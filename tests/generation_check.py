@@ -23,7 +23,7 @@ def hf_greedy(hf_model, prompts, max_new_tokens, eos_token_id=None):
     """transformers' greedy new tokens per prompt (left-padded batch, pad id PAD), each cut after its EOS.
 
     transformers' generate builds position_ids as cumsum(attention_mask) - 1 (0 on padding) and adds 1 per
-    new token, as flaxlm.generation does. eos_token_id None turns EOS off: otherwise generate falls back to
+    new token, as flaxlm.models.generation does. eos_token_id None turns EOS off: otherwise generate falls back to
     the model's generation_config.eos_token_id (from config.json), even when a generation_config is passed.
     """
     P = max(len(p) for p in prompts)
@@ -48,7 +48,7 @@ def cut_after_eos(tokens, eos_token_id):
 
 
 def ours_greedy(model_dir, prompts, max_new_tokens, eos_token_id=None):
-    from flaxlm.generation import generate
+    from flaxlm.models.generation import generate
     from flaxlm.models import load_pretrained
     _, model = load_pretrained(str(model_dir))
     return generate(model, prompts, max_new_tokens, eos_token_id=eos_token_id, pad_token_id=PAD).tokens

@@ -6,7 +6,7 @@ The bad inputs come from one table, CASES (script, name, flags, pattern of the m
 test_bad_input; test_case_count prints how many there are per script. Each case runs the script's main(argv)
 in-process, wrapped as flaxlm.errors.run_main wraps it; test_end_to_end_in_a_subprocess runs one case per
 script as a real process. Text that is odd but valid must work: a line longer than the block, one long line
-for a tokenizer. Text that is not UTF-8 is an error naming the file and line (flaxlm.data explains why).
+for a tokenizer. Text that is not UTF-8 is an error naming the file and line (flaxlm.data.text explains why).
 """
 import collections
 import gzip
@@ -507,7 +507,7 @@ def test_a_line_longer_than_the_block_trains(env, tmp_path):
 def test_a_line_longer_than_the_block_makes_rows(script, env):
     """The masked-LM and T5 scripts cut the long line into blocks like any text (line by line: truncate it)."""
     from transformers import AutoTokenizer
-    from flaxlm.data import load_raw_text, tokenize_and_group
+    from flaxlm.data.text import load_raw_text, tokenize_and_group
     src = types.SimpleNamespace(dataset_name=None, dataset_config_name=None, train_file=[inp(env, "long_line.txt")],
                                 validation_file=None, text_column=None, streaming=False, cache_dir=None)
     tokenizer = AutoTokenizer.from_pretrained(getattr(env, MODEL_OF[script.split()[0]]))

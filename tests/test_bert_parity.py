@@ -205,7 +205,7 @@ def test_create_model_errors():
 def test_dropout_mask_rate_independence_and_sharding():
     """The hashed dropout mask drops `rate` of the elements, differs per key, and is the same for any
     sharding of its input (so 8 devices train like 1)."""
-    from flaxlm.mesh import make_mesh
+    from flaxlm.training.mesh import make_mesh
     from flaxlm.models.layers import dropout
     x = jnp.ones((16, 4, 64, 64))
     a, b = dropout(x, 0.1, jax.random.PRNGKey(1)), dropout(x, 0.1, jax.random.PRNGKey(2))

@@ -1,8 +1,8 @@
 """Flags and yaml config files: Hugging Face's command line parses unchanged; precedence; errors."""
 import pytest
 
-from flaxlm.args import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs
-from flaxlm.cli import parse_args
+from flaxlm.config.options import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs
+from flaxlm.config.cli import parse_args
 from flaxlm.errors import UserError
 
 GROUPS = (ModelArgs, TextSourceArgs, DataArgs, TrainingArgs)

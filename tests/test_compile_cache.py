@@ -5,7 +5,7 @@ import sys
 
 import create_config
 import train_tokenizer
-from flaxlm.compile_cache import cache_dir
+from flaxlm.training.compile_cache import cache_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,7 +10,7 @@ import transformers
 
 from flaxlm.errors import UserError
 from flaxlm.models.t5 import ties_embeddings
-from flaxlm.presets import PRESETS, build_config, count_params, parse_overrides
+from flaxlm.models.presets import PRESETS, build_config, count_params, parse_overrides
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

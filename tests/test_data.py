@@ -1,4 +1,4 @@
-"""flaxlm.data: loading text in every format, clear errors, and fixed-length token rows."""
+"""flaxlm.data.text: loading text in every format, clear errors, and fixed-length token rows."""
 import dataclasses
 import json
 import os
@@ -7,10 +7,10 @@ import datasets
 import numpy as np
 import pytest
 
-from flaxlm.args import TextSourceArgs
-from flaxlm.data import as_numpy_rows, iter_rows, iter_texts, load_raw_text, tokenize_and_group, GROUP_BATCH
+from flaxlm.config.options import TextSourceArgs
+from flaxlm.data.text import as_numpy_rows, iter_rows, iter_texts, load_raw_text, tokenize_and_group, GROUP_BATCH
 from flaxlm.errors import UserError
-from flaxlm.tokenizer_training import train_bpe
+from flaxlm.tokenization.trainers import train_bpe
 
 TEXTS = ["Det var en gang en konge.", "Han hadde tre døtre, og de var vakre.", "Slutt på eventyret!"]
 WORDS = ("sol regn vind snø hav fjell skog elv by land bok hus vei natt dag lys mørke stein tre gress "

@@ -3,9 +3,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxlm import mesh as meshlib
-from flaxlm.batches import ShuffledRows, eval_batches
-from flaxlm.train_loop import Objective, collect_predictions, eval_steps_for, evaluate
+from flaxlm.training import mesh as meshlib
+from flaxlm.data.batches import ShuffledRows, eval_batches
+from flaxlm.training.loop import Objective, collect_predictions, eval_steps_for, evaluate
 
 
 def linear_objective(seen):

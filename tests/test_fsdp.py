@@ -9,9 +9,9 @@ from jax.sharding import PartitionSpec as P
 
 import run_clm_flax
 from run_helpers import read_metrics
-from flaxlm import mesh as meshlib
+from flaxlm.training import mesh as meshlib
 from flaxlm.errors import UserError
-from flaxlm.sharding import fsdp_spec, per_device_bytes, state_shardings
+from flaxlm.training.sharding import fsdp_spec, per_device_bytes, state_shardings
 
 
 def test_fsdp_splits_the_largest_divisible_dimension_of_large_arrays():
@@ -32,14 +32,14 @@ def test_fsdp_splits_the_largest_divisible_dimension_of_large_arrays():
 def train_tiny(mode, out, steps=3, global_batch=16):
     """A tiny GPT-2 (width 64, vocab 1024: its matrices divide by 8) trained `steps` steps by the shared loop;
     (losses, final params)."""
-    from flaxlm.args import TrainingArgs
-    from flaxlm.batches import ShuffledRows
-    from flaxlm.clm import clm_objective
+    from flaxlm.config.options import TrainingArgs
+    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.objectives.clm import clm_objective
     from flaxlm.models import create_model, decay_mask, split_model
-    from flaxlm.optim import make_optimizer
-    from flaxlm.presets import build_config
-    from flaxlm.run_log import RunLog
-    from flaxlm.train_loop import train
+    from flaxlm.training.optim import make_optimizer
+    from flaxlm.models.presets import build_config
+    from flaxlm.training.run_log import RunLog
+    from flaxlm.training.loop import train
     config = build_config("gpt2-tiny")
     graphdef, params = split_model(create_model(config, seed=0))
     objective = clm_objective(graphdef, config, params, 32, pad_id=2)
@@ -80,7 +80,7 @@ def model_dir(tiny_gpt2_dir):
 def test_fsdp_run_resumes_into_the_sharded_state(model_dir, corpus, tmp_path, monkeypatch):
     """run_clm_flax.py --sharding fsdp resumed from the step-2 checkpoint of a 4-step run restores the state
     split over the devices, gives that run's losses of steps 3 and 4 and exports the same model."""
-    from flaxlm.checkpoint import Checkpointer
+    from flaxlm.training.checkpoint import Checkpointer
     restored, original = [], Checkpointer.restore
 
     def restore(self, step, like_state):

@@ -1,11 +1,11 @@
-"""flaxlm.generation and generate.py: greedy parity with transformers' generate, sampling, errors, the script."""
+"""flaxlm.models.generation and generate.py: greedy parity with transformers' generate, sampling, errors, the script."""
 import re
 
 import numpy as np
 import pytest
 
 from flaxlm.errors import UserError, run_main
-from flaxlm.generation import generate
+from flaxlm.models.generation import generate
 from tests.generation_check import add_noise, assert_greedy_matches_transformers, cut_after_eos
 
 VOCAB = 97
@@ -146,7 +146,7 @@ def test_timings(gpt2_model):
 def model_dir(tmp_path_factory):
     """A tiny byte-level BPE tokenizer and a tiny GPT-2 (random weights) in one directory."""
     from flaxlm.models import create_model, save_pretrained, split_model
-    from flaxlm.tokenizer_training import save_tokenizer, train_bpe
+    from flaxlm.tokenization.trainers import save_tokenizer, train_bpe
     d = tmp_path_factory.mktemp("gpt2-script")
     lines = ["the quick brown fox jumps over the lazy dog", "def main(): return 0", "hello world, hello flax"] * 5
     tokenizer = train_bpe(iter(lines), vocab_size=300, min_frequency=1)

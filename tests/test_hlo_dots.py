@@ -40,7 +40,7 @@ def test_batched_and_contracting_dimensions_give_the_flops_of_the_math():
 
 def test_the_tiny_causal_lm_step_holds_exactly_its_analytic_flops():
     """The compiled step's matmuls, LM head in 4 chunks (a loop), times the devices that each run the program
-    on their share of the batch, equal flaxlm.flops' count for GPT-2."""
+    on their share of the batch, equal flaxlm.training.flops' count for GPT-2."""
     from bench.run import compile_step, parse_args
     from bench.setups import SUITES
     c = SUITES["tiny"]["tasks"]["clm"]

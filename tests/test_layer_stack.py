@@ -10,11 +10,11 @@ import pytest
 import transformers
 
 from flaxlm import models
-from flaxlm.args import ModelArgs
-from flaxlm.cli import parse_args
+from flaxlm.config.options import ModelArgs
+from flaxlm.config.cli import parse_args
 from flaxlm.errors import UserError
 from flaxlm.models import Execution, layer_stack
-from flaxlm.pipeline import load_model, model_execution
+from flaxlm.training.pipeline import load_model, model_execution
 
 B, L, T, V = 2, 12, 5, 64
 IDS_BL = np.random.default_rng(0).integers(3, V, (B, L)).astype(np.int32)

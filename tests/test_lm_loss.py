@@ -1,4 +1,4 @@
-"""The fused LM head + cross-entropy (flaxlm.lm_loss) against logits + optax, and the models' hidden=True / head()
+"""The fused LM head + cross-entropy (flaxlm.objectives.lm_loss) against logits + optax, and the models' hidden=True / head()
 view that feeds it, through to the three objectives' sums and gradients."""
 import jax
 import jax.numpy as jnp
@@ -8,13 +8,13 @@ import pytest
 import transformers
 
 from flaxlm import models
-from flaxlm.clm import clm_objective, collate_blocks
-from flaxlm.lm_loss import chunking, default_chunk_rows, head_xent
-from flaxlm.mlm import mlm_objective
-from flaxlm.mlm_masking import MLMMasker
+from flaxlm.objectives.clm import clm_objective, collate_blocks
+from flaxlm.objectives.lm_loss import chunking, default_chunk_rows, head_xent
+from flaxlm.objectives.mlm import mlm_objective
+from flaxlm.data.mlm_masking import MLMMasker
 from flaxlm.models.layers import lm_logits
-from flaxlm.span_corruption import SpanCorruptor
-from flaxlm.span_lm import span_objective
+from flaxlm.data.span_corruption import SpanCorruptor
+from flaxlm.objectives.span_lm import span_objective
 
 B, T, D, V = 3, 11, 16, 50  # 11 positions: not a multiple of the chunks' positions below
 

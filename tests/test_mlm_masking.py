@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flaxlm.errors import UserError
-from flaxlm.mlm_masking import MLMMasker
+from flaxlm.data.mlm_masking import MLMMasker
 
 BOS, PAD, EOS, UNK, MASK = 0, 1, 2, 3, 4
 SPECIALS = [BOS, PAD, EOS, UNK, MASK]

@@ -83,7 +83,7 @@ def test_incomplete_process_flags_are_a_user_error():
     from types import SimpleNamespace
 
     from flaxlm.errors import UserError
-    from flaxlm.mesh import maybe_initialize_distributed
+    from flaxlm.training.mesh import maybe_initialize_distributed
     with pytest.raises(UserError, match="needs all of --coordinator_address"):
         maybe_initialize_distributed(SimpleNamespace(coordinator_address="localhost:1234", num_processes=2,
                                                      process_id=None))

@@ -167,8 +167,8 @@ def test_kv_cache_matches_full_forward(case):
 
 
 def test_greedy_generation_matches_hf(tmp_path):
-    """flaxlm.generation (left-padded prompts, KV cache) picks transformers' greedy tokens (no EOS stop)."""
-    from flaxlm.generation import generate
+    """flaxlm.models.generation (left-padded prompts, KV cache) picks transformers' greedy tokens (no EOS stop)."""
+    from flaxlm.models.generation import generate
     config = tiny_config("post_ln_projected", eos_token_id=None)
     hf = random_hf(config, seed=3)
     hf.save_pretrained(tmp_path)

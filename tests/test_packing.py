@@ -10,14 +10,14 @@ import transformers
 import run_mlm_flax
 from run_helpers import read_metrics
 from test_run_mlm import model_dir, run_args  # noqa: F401  (model_dir: a session fixture)
-from flaxlm.args import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs
-from flaxlm.cli import parse_args
-from flaxlm.data import as_numpy_rows, load_raw_text, tokenize_and_group
-from flaxlm.mlm import mlm_objective
-from flaxlm.mlm_masking import MLMMasker
+from flaxlm.config.options import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs
+from flaxlm.config.cli import parse_args
+from flaxlm.data.text import as_numpy_rows, load_raw_text, tokenize_and_group
+from flaxlm.objectives.mlm import mlm_objective
+from flaxlm.data.mlm_masking import MLMMasker
 from flaxlm.models import create_model, merge_model, split_model
-from flaxlm.packing import fill_rows, greedy_pack, one_per_row
-from flaxlm.tokenizer_training import train_bpe
+from flaxlm.data.packing import fill_rows, greedy_pack, one_per_row
+from flaxlm.tokenization.trainers import train_bpe
 
 L = 24
 BOS, EOS, MASK = 2, 3, 4  # with each config's pad id, the special tokens of the tests' sequences

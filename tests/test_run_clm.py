@@ -18,13 +18,13 @@ import run_clm_flax
 import run_mlm_flax
 import train_tokenizer
 from run_helpers import assert_devices_match, assert_resume_matches, read_metrics
-from flaxlm import mesh as meshlib
-from flaxlm.clm import clm_objective
-from flaxlm.data import load_raw_text, tokenize_and_group
+from flaxlm.training import mesh as meshlib
+from flaxlm.objectives.clm import clm_objective
+from flaxlm.data.text import load_raw_text, tokenize_and_group
 from flaxlm.errors import UserError
 from flaxlm.models import MODELS, apply_model, create_model, split_model
 from flaxlm.models.hf_io import load_config, load_pretrained
-from flaxlm.train_loop import evaluate
+from flaxlm.training.loop import evaluate
 
 
 @pytest.fixture(scope="module")

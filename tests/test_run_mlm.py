@@ -13,13 +13,13 @@ import create_config
 import run_mlm_flax
 import train_tokenizer
 from run_helpers import assert_devices_match, assert_resume_matches, read_metrics
-from flaxlm import mesh as meshlib
+from flaxlm.training import mesh as meshlib
 from flaxlm.errors import UserError
-from flaxlm.mlm import mlm_objective
-from flaxlm.mlm_masking import MLMMasker
+from flaxlm.objectives.mlm import mlm_objective
+from flaxlm.data.mlm_masking import MLMMasker
 from flaxlm.models import create_model, split_model
 from flaxlm.models.hf_io import load_config
-from flaxlm.train_loop import evaluate, make_train_step
+from flaxlm.training.loop import evaluate, make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

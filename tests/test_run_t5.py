@@ -13,13 +13,13 @@ import run_mlm_flax
 import run_t5_mlm_flax
 import train_tokenizer
 from run_helpers import assert_resume_matches, read_metrics
-from flaxlm import mesh as meshlib
+from flaxlm.training import mesh as meshlib
 from flaxlm.errors import UserError
 from flaxlm.models import create_model, split_model
 from flaxlm.models.hf_io import load_config, load_pretrained
-from flaxlm.span_corruption import SpanCorruptor
-from flaxlm.span_lm import span_objective
-from flaxlm.train_loop import evaluate
+from flaxlm.data.span_corruption import SpanCorruptor
+from flaxlm.objectives.span_lm import span_objective
+from flaxlm.training.loop import evaluate
 
 
 @pytest.fixture(scope="module")

@@ -82,9 +82,9 @@ def test_pickle_reader_is_only_for_pytorch_bin_files():
 def test_remote_code_runs_only_when_asked():
     """trust_remote_code defaults to False and every Auto*.from_pretrained / pipeline call passes it explicitly
     (transformers would otherwise ask on the terminal and run the code on 'y')."""
-    from flaxlm.args import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs
-    from flaxlm.cli import parse_args
-    from flaxlm.tokenizer_io import load_tokenizer
+    from flaxlm.config.options import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs
+    from flaxlm.config.cli import parse_args
+    from flaxlm.tokenization.loading import load_tokenizer
     model_args, *_ = parse_args(ModelArgs, TextSourceArgs, DataArgs, TrainingArgs, argv=["--output_dir", "o"])
     assert model_args.trust_remote_code is False
     assert inspect.signature(load_tokenizer).parameters["trust_remote_code"].default is False
@@ -108,9 +108,9 @@ def test_export_is_safetensors_only(tmp_path):
     """What the training scripts export: config.json, model.safetensors and the tokenizer's json files."""
     from flaxlm.models import create_model, split_model
     from flaxlm.models.hf_io import load_pretrained
-    from flaxlm.pipeline import export
-    from flaxlm.presets import build_config
-    from flaxlm.tokenizer_training import train_bpe
+    from flaxlm.training.pipeline import export
+    from flaxlm.models.presets import build_config
+    from flaxlm.tokenization.trainers import train_bpe
     tokenizer = train_bpe(["the quick brown fox jumps over the lazy dog"] * 20, vocab_size=280, min_frequency=1)
     config = build_config("gpt2-tiny", tokenizer)
     out = tmp_path / "export"
@@ -125,8 +125,8 @@ def test_export_is_safetensors_only(tmp_path):
 @pytest.mark.parametrize("text", ["seed: !!python/object/apply:os.system ['echo owned']\n",
                                   "seed: !!python/name:os.system\n"])
 def test_yaml_config_cannot_run_code(tmp_path, text):
-    from flaxlm.args import GenerateArgs
-    from flaxlm.cli import parse_args
+    from flaxlm.config.options import GenerateArgs
+    from flaxlm.config.cli import parse_args
     from flaxlm.errors import UserError
     f = tmp_path / "c.yaml"
     f.write_text(text)

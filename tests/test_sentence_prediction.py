@@ -13,10 +13,10 @@ import create_config
 import run_classification
 import train_tokenizer
 from run_helpers import read_metrics
-from flaxlm.args import SentencePredictionArgs, TextSourceArgs
+from flaxlm.config.options import SentencePredictionArgs, TextSourceArgs
 from flaxlm.errors import UserError, run_main
-from flaxlm.sentence_data import Examples, label_ids, label_names, load_examples, token_rows
-from flaxlm.sentence_prediction import compute_metrics, majority_scores, resolve_task, sentence_objective
+from flaxlm.data.sentence_data import Examples, label_ids, label_names, load_examples, token_rows
+from flaxlm.tasks.sentence_prediction import compute_metrics, majority_scores, resolve_task, sentence_objective
 
 POSITIVE = ["good", "great", "fine", "lovely", "superb", "nice"]
 NEGATIVE = ["bad", "awful", "poor", "terrible", "dull", "boring"]
@@ -150,8 +150,8 @@ def test_glue_task_defaults_and_metric_choice():
     with pytest.raises(UserError, match="--task_name imdb is not a GLUE task"):
         task(task_name="imdb")
     # the recipes parse for run_classification.py and name their task
-    from flaxlm.args import DataArgs, ModelArgs, TrainingArgs
-    from flaxlm.cli import parse_args
+    from flaxlm.config.options import DataArgs, ModelArgs, TrainingArgs
+    from flaxlm.config.cli import parse_args
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for recipe, metrics in (("sst2", ("accuracy",)), ("norec_sentence", ("accuracy", "macro_f1"))):
         *_, sp, train_args = parse_args(ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flaxlm.errors import UserError
-from flaxlm.span_corruption import SpanCorruptor, corrupted_lengths, span_counts, t5_lengths
+from flaxlm.data.span_corruption import SpanCorruptor, corrupted_lengths, span_counts, t5_lengths
 
 PAD, EOS = 0, 1
 FIRST_SENTINEL = 32099

@@ -9,9 +9,9 @@ import create_config
 import run_qa
 import train_tokenizer
 from flaxlm.errors import UserError
-from flaxlm.squad import Example, read_squad, squad_windows
-from flaxlm.squad_answers import best_answers
-from flaxlm.squad_metric import exact_match, f1, normalize_answer, squad_scores
+from flaxlm.data.squad import Example, read_squad, squad_windows
+from flaxlm.tasks.squad_answers import best_answers
+from flaxlm.tasks.squad_metric import exact_match, f1, normalize_answer, squad_scores
 
 # ---------------------------------------------------------------------------------------------
 # the official SQuAD definitions
@@ -261,9 +261,9 @@ def test_run_qa_learns_to_answer_and_exports_for_transformers(qa_tokenizers, tmp
     import torch
     from scipy.special import logsumexp
     from transformers import AutoModelForQuestionAnswering
-    from flaxlm.args import QuestionAnsweringArgs
+    from flaxlm.config.options import QuestionAnsweringArgs
     from flaxlm.models import load_for_task, split_model
-    from flaxlm.squad_objective import squad_objective
+    from flaxlm.tasks.squad_objective import squad_objective
     config, ours = load_for_task(str(out), "question_answering")
     graphdef, params = split_model(ours)
     rows, _ = squad_windows(read_squad([data], version_2=False), tok, max_seq_length=64, doc_stride=16)

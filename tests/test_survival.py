@@ -27,7 +27,7 @@ STEPS = 12
 SLOW_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from flaxlm import batches
+from flaxlm.data import batches
 original = batches.ShuffledRows.batch_rows
 def slow(self, step, local):
     time.sleep(float(os.environ["SLOW_ROWS_S"]))
@@ -219,16 +219,16 @@ def poisoned(objective, bad_steps):
 
 
 def train_tiny(model_dir, corpus, out, bad_steps, **flags):
-    from flaxlm import mesh as meshlib
-    from flaxlm.args import TrainingArgs
-    from flaxlm.batches import ShuffledRows
-    from flaxlm.clm import clm_objective
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.config.options import TrainingArgs
+    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.objectives.clm import clm_objective
     from flaxlm.models import decay_mask, split_model
     from flaxlm.models.hf_io import load_config
     from flaxlm.models import create_model
-    from flaxlm.optim import make_optimizer
-    from flaxlm.run_log import RunLog
-    from flaxlm.train_loop import train
+    from flaxlm.training.optim import make_optimizer
+    from flaxlm.training.run_log import RunLog
+    from flaxlm.training.loop import train
     config = load_config(model_dir)
     graphdef, params = split_model(create_model(config, seed=0))
     objective = poisoned(clm_objective(graphdef, config, params, 16, pad_id=0), bad_steps)
@@ -263,7 +263,7 @@ def test_skip_nonfinite_steps_skips_and_the_state_is_untouched(model_dir, corpus
 def test_nonfinite_update_leaves_params_and_optimizer_state_bit_identical():
     import jax.numpy as jnp
     import optax
-    from flaxlm.train_loop import make_train_step
+    from flaxlm.training.loop import make_train_step
 
     def loss_sums(params, batch, key):
         loss = jnp.sum((params["w"] * batch["x"]) ** 2)

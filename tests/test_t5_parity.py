@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from flaxlm.flops import encoder_decoder_train_flops
+from flaxlm.training.flops import encoder_decoder_train_flops
 from flaxlm.models import hf_io
 from flaxlm.models.t5 import relative_buckets, shift_right, t5_attention, ties_embeddings
 

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 import train_tokenizer
 from flaxlm.errors import UserError, run_main
-from flaxlm.tokenizer_training import T5_SENTINELS, save_tokenizer, train_unigram
+from flaxlm.tokenization.trainers import T5_SENTINELS, save_tokenizer, train_unigram
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -131,7 +131,7 @@ def test_too_small_vocab_is_one_line_exit_2(tmp_path, capsys):
 
 def test_hf_recipe_class_from_files_and_iterator(tmp_path):
     from t5_tokenizer_model import SentencePieceUnigramTokenizer
-    from flaxlm.unigram_tokenizer import VocabTooSmall
+    from flaxlm.tokenization.unigram import VocabTooSmall
 
     texts = paragraphs(500)
     corpus = tmp_path / "corpus.txt"

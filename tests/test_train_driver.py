@@ -15,11 +15,11 @@ import pytest
 import train
 import train_tokenizer
 from run_helpers import read_metrics
-from flaxlm import args as all_args
+from flaxlm.config import options as all_args
 from flaxlm.errors import UserError
-from flaxlm.experiment_config import (DRIVER_READ, DRIVER_SET, leaves, options_of, printable, resolve, to_argv,
+from flaxlm.config.experiments import (DRIVER_READ, DRIVER_SET, leaves, options_of, printable, resolve, to_argv,
                                       to_yaml)
-from flaxlm.experiment_registry import EXPERIMENTS
+from flaxlm.config.experiment_registry import EXPERIMENTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "models", "roberta_tiny.yaml")
@@ -135,7 +135,7 @@ def tokenizer_dir(tmp_path_factory, corpus):
 GATED_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from flaxlm import batches
+from flaxlm.data import batches
 original = batches.ShuffledRows.batch_rows
 def gated(self, step, local):
     log, t0 = os.environ["GATE_FILE"], time.time()

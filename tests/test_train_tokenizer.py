@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from flaxlm.errors import UserError
-from flaxlm.tokenizer_training import train_bpe, train_wordpiece
+from flaxlm.tokenization.trainers import train_bpe, train_wordpiece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = "Blåbærsyltetøy på Ålesund-brød, 3 stk.  Ærlig talt: «økonomi» og café!\tSlutt."

@@ -94,7 +94,7 @@ def apply_model(graphdef, params, *args, **kwargs):
 
 def apply_hidden(graphdef, params, *args, **kwargs):
     """(h, head): the rows the LM head would multiply (the model called with hidden=True) and the head
-    (layers.LMHead), for a loss that fuses the head with the cross-entropy (flaxlm.lm_loss)."""
+    (layers.LMHead), for a loss that fuses the head with the cross-entropy (flaxlm.objectives.lm_loss)."""
     model = merge_model(graphdef, params)
     return model(*args, hidden=True, **kwargs), model.head()
 

@@ -20,7 +20,7 @@ def roberta_position_ids(ids_BL, pad_id):
 
 
 def segment_positions(segment_ids_BL):
-    """Each token's index in its segment (packed rows, flaxlm.packing): 0, 1, ... restarting where the id changes."""
+    """Each token's index in its segment (packed rows, flaxlm.data.packing): 0, 1, ... restarting where the id changes."""
     i_BL = jnp.broadcast_to(jnp.arange(segment_ids_BL.shape[1], dtype=jnp.int32), segment_ids_BL.shape)
     starts_BL = jnp.concatenate([jnp.ones_like(segment_ids_BL[:, :1], bool),
                                  segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1]], axis=1)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flaxlm.args import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # the flags' choices, named once
+from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # the flags' choices, named once
 from flaxlm.errors import UserError
 
 

@@ -129,7 +129,7 @@ def lm_logits(h_MD, weight, tied, dtype):
 
 
 class LMHead(NamedTuple):
-    """A model's LM head as a loss that fuses it takes it (flaxlm.lm_loss): logits = lm_logits(h, weight, tied,
+    """A model's LM head as a loss that fuses it takes it (flaxlm.objectives.lm_loss): logits = lm_logits(h, weight, tied,
     dtype) (+ bias), where h are the rows the model returns with hidden=True (any scaling already applied)."""
     weight: jax.Array  # the token embeddings [V, D] when tied, else the head's kernel [D, V]
     tied: bool

@@ -16,7 +16,7 @@ made tabs and newlines spaces). Every word gets its "▁", the first one include
     tokenizer.train_from_iterator(texts, vocab_size=32000)   # or tokenizer.train(["a.txt", "b.txt"], ...)
     tokenizer.save("tokenizer.json")
 
-flaxlm.tokenizer_training.train_unigram wraps this into a transformers tokenizer with T5's sentinels.
+flaxlm.tokenization.trainers.train_unigram wraps this into a transformers tokenizer with T5's sentinels.
 """
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.implementations import BaseTokenizer

@@ -8,12 +8,12 @@ Face's run_glue.py / run_qa.py examples use them, with global batches that divid
 import dataclasses
 import difflib
 
-from flaxlm.args import (CausalLMArgs, ConfigArgs, DataArgs, ModelArgs, QuestionAnsweringArgs,
+from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, ModelArgs, QuestionAnsweringArgs,
                          SentencePredictionArgs, SpanCorruptionArgs, TextSourceArgs, TrainingArgs)
 from flaxlm.errors import UserError
-from flaxlm.experiment_config import DRIVER_READ, DRIVER_SET, config_class
+from flaxlm.config.experiments import DRIVER_READ, DRIVER_SET, config_class
 
-# What each --mode sets of the options train.py owns (flaxlm.experiment_config.DRIVER_SET).
+# What each --mode sets of the options train.py owns (flaxlm.config.experiments.DRIVER_SET).
 MODE_OPTIONS = {
     "train": {"do_train": True, "do_eval": False},
     "train_and_eval": {"do_train": True, "do_eval": True},

@@ -1,7 +1,7 @@
 """The demo's default corpus: the documentation text every CPython carries (pydoc_data.topics,
 about 465 KB of English), written as train.txt and validation.txt so no download is needed.
 
-    python -m flaxlm.demo_corpus --output_dir runs/demo/data
+    python -m flaxlm.data.demo_corpus --output_dir runs/demo/data
 """
 import argparse
 import os

@@ -3,18 +3,18 @@
 The loss of a window is the mean of the start and the end position's cross-entropy over the window's
 tokens (Hugging Face's *ForQuestionAnswering loss), with padding positions masked out so that they can
 never be predicted; 'accuracy' is the share of windows whose most likely start and end are both right.
-Evaluation also turns the logits of every validation window into answers (flaxlm.squad_answers) and
-scores them with the official exact match and F1 (flaxlm.squad_metric).
+Evaluation also turns the logits of every validation window into answers (flaxlm.tasks.squad_answers) and
+scores them with the official exact match and F1 (flaxlm.tasks.squad_metric).
 """
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from flaxlm.flops import encoder_mlm_train_flops
+from flaxlm.training.flops import encoder_mlm_train_flops
 from flaxlm.models import apply_model
-from flaxlm.squad_answers import best_answers
-from flaxlm.squad_metric import squad_scores
-from flaxlm.train_loop import Objective
+from flaxlm.tasks.squad_answers import best_answers
+from flaxlm.tasks.squad_metric import squad_scores
+from flaxlm.training.loop import Objective
 
 BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
 MASKED = -1e9  # the logit of a padding position
@@ -37,7 +37,7 @@ def collate(rows, rng=None):
 
 def predicted_answers(outputs, eval_windows, qa_args):
     """{question id: answer text} from predict's outputs over every window of eval_windows = (examples, rows,
-    offsets_NL2) (flaxlm.squad.squad_windows), with the QuestionAnsweringArgs' n_best_size, max_answer_length
+    offsets_NL2) (flaxlm.data.squad.squad_windows), with the QuestionAnsweringArgs' n_best_size, max_answer_length
     and v2.0 null threshold."""
     examples, rows, offsets_NL2 = eval_windows
     return best_answers(outputs["start_logits"], outputs["end_logits"], offsets_NL2, rows["example_index"],

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from flaxlm.errors import UserError
-from flaxlm.flops import encoder_mlm_train_flops
+from flaxlm.training.flops import encoder_mlm_train_flops
 from flaxlm.models import apply_model
-from flaxlm.train_loop import Objective
+from flaxlm.training.loop import Objective
 
 # GLUE task -> (sentence1 column, sentence2 column, metrics, regression), as the GLUE benchmark scores each task
 GLUE_TASKS = {
@@ -78,7 +78,7 @@ def load_classifier(model_args, task, label_names, seed):
     has one for these labels), or a fresh model from --config_name. label_names None: regression (1 output)."""
     from flaxlm.models import TASK_MODEL_TYPES, create_model
     from flaxlm.models.hf_io import has_weights, load_config, load_for_task, resolve_dir, task_config
-    from flaxlm.pipeline import check_model_type, model_execution
+    from flaxlm.training.pipeline import check_model_type, model_execution
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
         raise UserError("no model given; pass --model_name_or_path DIR (a pretrained BERT/RoBERTa, e.g. the "

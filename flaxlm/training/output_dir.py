@@ -5,23 +5,7 @@ import os
 import tempfile
 
 from flaxlm.errors import UserError
-
-
-def check_writable_dir(path, flag="--output_dir"):
-    """UserError unless `path` is a directory we can write in, or one we can create; creates nothing.
-
-    Called before hours of work (training a tokenizer) so that a typo or a read-only disk fails at once."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UserError(f"{flag} {path} is a file; pass a directory")
-    parent = os.path.abspath(path)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise UserError(f"{flag} {path} cannot be created: {parent} is a file; pass another directory")
-    try:
-        tempfile.TemporaryFile(dir=parent).close()
-    except OSError as e:
-        raise UserError(f"cannot write to {parent} ({e.strerror}); pick a writable {flag}") from None
+from flaxlm.files import check_writable_dir
 
 
 def _continues(args):
@@ -53,7 +37,7 @@ def start_fresh(args):
     Called once the inputs are loaded and training is about to start, so that a run that fails on bad input
     (a wrong --tokenizer_name, an unreadable --train_file) leaves the earlier run intact."""
     if args.overwrite_output_dir and not _continues(args):
-        from flaxlm.checkpoint import clear_checkpoints
+        from flaxlm.training.checkpoint import clear_checkpoints
         clear_checkpoints(args.output_dir)
 
 

@@ -2,7 +2,7 @@
 
 Rules (those of BERT's create_pretraining_data.py, applied per row):
 - maskable positions are those holding neither a special token nor padding; n = their count. Packed
-  rows (several sequences per row, flaxlm.packing) are masked as one row: the special tokens that frame
+  rows (several sequences per row, flaxlm.data.packing) are masked as one row: the special tokens that frame
   each sequence and the padding (segment 0) are never chosen, and each token's chance stays the same.
 - exactly k = round(mlm_probability * n) of them are chosen (at least 1 when n > 0), uniformly at
   random without replacement.

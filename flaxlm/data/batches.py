@@ -16,7 +16,7 @@ def take_rows(rows, idx):
         return rows[idx]
     if isinstance(rows, dict):
         return {k: v[idx] for k, v in rows.items()}
-    if "segment_ids" in rows.column_names:  # packed lines (flaxlm.packing): both columns
+    if "segment_ids" in rows.column_names:  # packed lines (flaxlm.data.packing): both columns
         got = rows[idx]
         return {k: np.asarray(got[k], dtype=np.int32) for k in ("input_ids", "segment_ids")}
     return np.asarray(rows[idx]["input_ids"], dtype=np.int32)

@@ -11,9 +11,9 @@ import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from flaxlm.errors import UserError
-from flaxlm.output_dir import check_writable_dir
-from flaxlm.tokenizer_io import TOKENIZER_FILES
-from flaxlm.unigram_tokenizer import SentencePieceUnigramTokenizer, VocabTooSmall
+from flaxlm.files import check_writable_dir
+from flaxlm.tokenization.loading import TOKENIZER_FILES
+from flaxlm.tokenization.unigram import SentencePieceUnigramTokenizer, VocabTooSmall
 BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4, as RoBERTa has them
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4
 UNIGRAM_SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0..2, as T5 has them

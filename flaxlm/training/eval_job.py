@@ -12,10 +12,10 @@ import time
 import jax
 from tqdm.auto import tqdm
 
-from flaxlm.checkpoint import Checkpointer, saved_steps
+from flaxlm.training.checkpoint import Checkpointer, saved_steps
 from flaxlm.errors import UserError
-from flaxlm.run_log import RunLog
-from flaxlm.train_loop import describe_metrics, eval_steps_for, evaluate, initial_state
+from flaxlm.training.run_log import RunLog
+from flaxlm.training.loop import describe_metrics, eval_steps_for, evaluate, initial_state
 
 EVAL_LOG = "eval_metrics.jsonl"
 POLL_SECONDS = 2.0

@@ -5,9 +5,9 @@ inside the step, loss normalized by the global count of target tokens, a fresh d
 periodic logging (loss, tokens/s, MFU, the host's data time per step), evaluation over the whole
 validation set, Orbax checkpoints and exact resume. What differs between objectives comes in as an Objective.
 
-A run survives: SIGTERM/SIGINT saves and exits 0 (flaxlm.preemption), a non-finite step is never
-applied and stops the run past --skip_nonfinite_steps (flaxlm.divergence), resume skips unreadable
-checkpoints, and the disk is checked for room before the first step (flaxlm.checkpoint).
+A run survives: SIGTERM/SIGINT saves and exits 0 (flaxlm.training.preemption), a non-finite step is never
+applied and stops the run past --skip_nonfinite_steps (flaxlm.training.divergence), resume skips unreadable
+checkpoints, and the disk is checked for room before the first step (flaxlm.training.checkpoint).
 """
 import dataclasses
 import math
@@ -20,13 +20,13 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from flaxlm import mesh as meshlib
-from flaxlm.batches import StreamRows, eval_batches, num_rows
-from flaxlm.checkpoint import Checkpointer, check_room, restore_for_resume
-from flaxlm.divergence import NonFiniteSteps, apply_if_finite
+from flaxlm.training import mesh as meshlib
+from flaxlm.data.batches import StreamRows, eval_batches, num_rows
+from flaxlm.training.checkpoint import Checkpointer, check_room, restore_for_resume
+from flaxlm.training.divergence import NonFiniteSteps, apply_if_finite
 from flaxlm.errors import UserError
-from flaxlm.flops import device_peak_flops
-from flaxlm.preemption import Preempted, StopOnSignal
+from flaxlm.training.flops import device_peak_flops
+from flaxlm.training.preemption import Preempted, StopOnSignal
 
 DATA_SHARE_NOTE = 0.05  # say so when the host's data work takes more of the step time than this
 
@@ -84,7 +84,7 @@ def make_train_step(loss_sums, tx, accum_steps):
 
 def initial_state(params, tx, mesh, sharding):
     """(train state {step, params, opt_state} on the mesh, its shardings) for --sharding data or fsdp."""
-    from flaxlm.sharding import state_shardings
+    from flaxlm.training.sharding import state_shardings
 
     def new_state(p):  # built inside jit: each device creates only its part of the optimizer state
         return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
@@ -181,7 +181,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     batch_sharding = meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0)
     repl = meshlib.replicated(mesh)
 
-    from flaxlm.sharding import gather_to_host_readable  # --sharding: data or fsdp
+    from flaxlm.training.sharding import gather_to_host_readable  # --sharding: data or fsdp
     state, shardings = initial_state(params, tx, mesh, args.sharding)
     train_step = jax.jit(make_train_step(objective.loss_sums, tx, accum),
                          in_shardings=(shardings, batch_sharding, repl), out_shardings=(shardings, repl),

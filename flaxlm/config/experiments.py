@@ -5,7 +5,7 @@ is --dtype, and a few leaves take TensorFlow Model Garden's names (task.train_da
 --train_file, trainer.train_steps is --max_steps). The leaves ARE the args.py fields (same type, default,
 help; nothing is declared twice): config_class() builds one experiment's nested dataclasses from the
 fields of its script's option groups. resolve() layers yaml files and --params_override onto the
-defaults with the checks the scripts' own flags get (flaxlm.cli), options_of() flattens the result
+defaults with the checks the scripts' own flags get (flaxlm.config.cli), options_of() flattens the result
 back into {option: value} and to_argv() into the script's command line.
 """
 import dataclasses
@@ -15,7 +15,7 @@ import typing
 
 import yaml
 
-from flaxlm.cli import _coerce, check_range, read_yaml_mapping
+from flaxlm.config.cli import _coerce, check_range, read_yaml_mapping
 from flaxlm.errors import UserError
 
 # section: its leaves, "leaf" (the option's own name) or "leaf=option".
@@ -165,7 +165,7 @@ def apply(config, mapping, source, prefix=""):
 
 
 def _checked(key, f, value, source):
-    """value as the field's type, within the option's range (flaxlm.cli's checks, naming the dotted key)."""
+    """value as the field's type, within the option's range (flaxlm.config.cli's checks, naming the dotted key)."""
     value = _coerce(types.SimpleNamespace(name=key, type=f.type, metadata=f.metadata), value, source)
     option = f.metadata.get("option", f.name)
     if value is None and option not in DRIVER_READ and not _optional(f.type):

@@ -5,14 +5,14 @@ labels as ids, and the token rows the training loop takes.
     names = label_names(examples["train"])                                   # sorted class names (classification)
     rows = token_rows(examples, tokenizer, 128, config, names)               # {split: dict of numpy arrays}
 
-Files are read as flaxlm.data reads them (tsv, csv, json: a list of records or one per line, jsonl, parquet;
+Files are read as flaxlm.data.text reads them (tsv, csv, json: a list of records or one per line, jsonl, parquet;
 UTF-8 errors name the file and line). Every example is kept, in file order, so row i is example i of its split.
 """
 import dataclasses
 
 import numpy as np
 
-from flaxlm import data
+from flaxlm.data import text as data
 from flaxlm.errors import UserError
 
 ROUND_WIDTH = 8  # rows are as wide as the longest example, rounded up to this (at most max_seq_length)

@@ -1,6 +1,6 @@
 """Print a run's evaluation losses from its metrics.jsonl, first to last, and how far the loss fell.
 
-    python -m flaxlm.eval_summary runs/demo/run/metrics.jsonl
+    python -m flaxlm.training.eval_summary runs/demo/run/metrics.jsonl
 """
 import json
 import sys

@@ -1,9 +1,9 @@
 """The T5 span-corruption objective: loss and accuracy over the real target tokens, plus its lengths."""
 from flaxlm.errors import UserError
-from flaxlm.flops import encoder_decoder_train_flops
-from flaxlm.lm_loss import head_loss_sums
+from flaxlm.training.flops import encoder_decoder_train_flops
+from flaxlm.objectives.lm_loss import head_loss_sums
 from flaxlm.models import apply_hidden
-from flaxlm.train_loop import Objective
+from flaxlm.training.loop import Objective
 
 MAX_INPUT_LENGTH = 512  # default --max_seq_length when the tokenizer allows more (relative positions have no limit)
 
@@ -24,7 +24,7 @@ def check_decoder_start(config):
 def span_objective(graphdef, config, corruptor, head_chunk_rows=None):
     """Objective for run_t5_mlm_flax: the collator is a SpanCorruptor; decoder inputs are the targets
     shifted right; targets of padding rows and padded positions weigh nothing. The LM head is fused with
-    the cross-entropy (flaxlm.lm_loss)."""
+    the cross-entropy (flaxlm.objectives.lm_loss)."""
     def loss_sums(params, batch, dropout_key):
         h_BTD, head = apply_hidden(graphdef, params, batch["input_ids"], batch["attention_mask"],
                                    batch["decoder_input_ids"], dropout_key=dropout_key)

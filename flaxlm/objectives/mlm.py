@@ -1,9 +1,9 @@
 """The masked-LM objective: loss and accuracy at the masked slots only, plus its sequence limits."""
 from flaxlm.errors import UserError
-from flaxlm.flops import encoder_mlm_train_flops
-from flaxlm.lm_loss import head_loss_sums
+from flaxlm.training.flops import encoder_mlm_train_flops
+from flaxlm.objectives.lm_loss import head_loss_sums
 from flaxlm.models import apply_hidden
-from flaxlm.train_loop import Objective
+from flaxlm.training.loop import Objective
 
 
 def max_sequence_length(config):
@@ -27,7 +27,7 @@ def resolve_seq_len(requested, tokenizer, config):
 
 def mlm_objective(graphdef, config, masker, seq_len, head_chunk_rows=None):
     """Objective for run_mlm_flax: the head at the masked slots only, fused with the cross-entropy
-    (flaxlm.lm_loss); correct when the label's logit is the largest (an exact tie counts as correct).
+    (flaxlm.objectives.lm_loss); correct when the label's logit is the largest (an exact tie counts as correct).
     A batch of packed rows (--line_by_line) carries segment_ids, which keep each sequence to itself."""
     def loss_sums(params, batch, dropout_key):
         packed = {"segment_ids_BL": batch["segment_ids"]} if "segment_ids" in batch else {}

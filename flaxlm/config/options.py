@@ -4,7 +4,7 @@ Names follow Hugging Face's run_mlm_flax.py / TrainingArguments so old command l
 """
 from dataclasses import dataclass
 
-from flaxlm.cli import option, required
+from flaxlm.config.cli import option, required
 
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")  # flaxlm.models.layer_stack
@@ -214,7 +214,7 @@ EXPERIMENT_MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
 
 @dataclass
-class DriverArgs:  # train.py's own flags (its --config_file is added by flaxlm.cli: repeatable, nested yaml)
+class DriverArgs:  # train.py's own flags (its --config_file is added by flaxlm.config.cli: repeatable, nested yaml)
     experiment: str = required(help="the registered experiment to run, e.g. roberta/mlm or bert/sentence_prediction")
     mode: str = option("train_and_eval", choices=EXPERIMENT_MODES,
                        help="train; eval (the newest checkpoint in model_dir, once); train_and_eval; continuous_eval "

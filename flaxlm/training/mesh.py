@@ -1,7 +1,7 @@
 """The device mesh: one 'data' axis over every device of every process (JAX's own distribution).
 
 Batches are split along their example axis; parameters and optimizer state are replicated or, with
---sharding fsdp, split too (flaxlm.sharding). Each process builds only its own rows of a global batch
+--sharding fsdp, split too (flaxlm.training.sharding). Each process builds only its own rows of a global batch
 and JAX assembles the global array. A multi-host run joins JAX's distributed runtime first.
 """
 import os

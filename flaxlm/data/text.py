@@ -5,7 +5,7 @@
     x = rows["train"][idx]["input_ids"]             # numpy int32 [len(idx), 512]
 
 With line_by_line each non-blank line is one sequence (its own special tokens, truncated to the row length);
-with pack_lines too, several sequences share a row, numbered by a second column "segment_ids" (flaxlm.packing).
+with pack_lines too, several sequences share a row, numbered by a second column "segment_ids" (flaxlm.data.packing).
 
 Grouped mode packs text as Hugging Face's run_mlm_flax.py does: each text is tokenized with its
 special tokens (`<s> ... </s>`), a batch of 1000 texts is concatenated and cut into blocks, and the
@@ -30,7 +30,7 @@ import numpy as np
 from datasets.fingerprint import Hasher
 
 from flaxlm.errors import UserError, decode_utf8_line
-from flaxlm.packing import fill_rows, greedy_pack, one_per_row
+from flaxlm.data.packing import fill_rows, greedy_pack, one_per_row
 
 # extension -> (datasets builder, builder options); .gz/.bz2/.xz/.zst around any of them work too
 BUILDERS = {
@@ -315,7 +315,7 @@ def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_lin
     cut into blocks; each batch's remainder is dropped (as Hugging Face does; with num_workers the
     batches start afresh at each worker's shard). line_by_line: one row per non-blank line,
     truncated and right-padded with the pad id; with pack_lines, those lines packed greedily in order
-    into rows (flaxlm.packing: the last row of each batch of 1000 texts may be short), and a column
+    into rows (flaxlm.data.packing: the last row of each batch of 1000 texts may be short), and a column
     "segment_ids" numbers the lines of each row 1, 2, ... (0 = padding). Datasets come back cached by
     `datasets` (keyed by the text's fingerprint, the tokenizer and the settings; overwrite_cache redoes
     it) and in numpy format: ds[idx]["input_ids"] is int32 [len(idx), L]. IterableDatasets give

@@ -16,10 +16,10 @@ SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "ru
 
 def start_run(args, model_args):
     """What every training script does first: join the other hosts of a multi-host run, check --output_dir
-    (flaxlm.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access."""
-    from flaxlm import mesh as meshlib
-    from flaxlm.compile_cache import enable_compilation_cache
-    from flaxlm.output_dir import check_hub_access, prepare_output_dir
+    (flaxlm.training.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access."""
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.training.compile_cache import enable_compilation_cache
+    from flaxlm.training.output_dir import check_hub_access, prepare_output_dir
     meshlib.maybe_initialize_distributed(args)
     prepare_output_dir(args)
     enable_compilation_cache(args.compilation_cache_dir)
@@ -67,7 +67,7 @@ def check_model_type(model_args, config):
 
 def batch_sizes(args, mesh):
     """(micro batch, eval batch, global batch): global row counts that divide over the mesh's devices."""
-    from flaxlm import mesh as meshlib
+    from flaxlm.training import mesh as meshlib
     micro = meshlib.global_batch_size(args.per_device_train_batch_size, args.train_batch_size, mesh,
                                       "--train_batch_size")
     evals = meshlib.global_batch_size(args.per_device_eval_batch_size, args.eval_batch_size, mesh,
@@ -77,7 +77,7 @@ def batch_sizes(args, mesh):
 
 def training_rows(data, streaming, args, global_batch):
     """(train rows by step, validation rows or None, total steps) from tokenize_and_group's output."""
-    from flaxlm.batches import ShuffledRows, StreamRows
+    from flaxlm.data.batches import ShuffledRows, StreamRows
     train_source, eval_rows = train_and_eval_rows(data, streaming)
     if streaming:
         train_rows = StreamRows(train_source, global_batch)
@@ -90,14 +90,14 @@ def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_s
              eval_batch, test_rows=None):
     """The optimizer (weight decay off for biases and norms), the run log and the training loop over
     `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params. With
-    --eval_checkpoints it evaluates the saved checkpoints instead (flaxlm.eval_job) and returns None."""
+    --eval_checkpoints it evaluates the saved checkpoints instead (flaxlm.training.eval_job) and returns None."""
     from flaxlm.models import decay_mask
-    from flaxlm.optim import make_optimizer
-    from flaxlm.run_log import RunLog
-    from flaxlm.train_loop import train
+    from flaxlm.training.optim import make_optimizer
+    from flaxlm.training.run_log import RunLog
+    from flaxlm.training.loop import train
     tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
     if args.eval_checkpoints:  # an evaluation job: no training, no export
-        from flaxlm.eval_job import evaluate_checkpoints
+        from flaxlm.training.eval_job import evaluate_checkpoints
         evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps, model_args.dtype)
         return None
     log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
@@ -114,9 +114,9 @@ def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_s
 def export(args, model_args, config, params, tokenizer, load_with):
     """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format to
     --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job)."""
-    from flaxlm import mesh as meshlib
+    from flaxlm.training import mesh as meshlib
     from flaxlm.models.hf_io import save_pretrained
-    from flaxlm.output_dir import push_to_hub
+    from flaxlm.training.output_dir import push_to_hub
     if not meshlib.is_main_process() or args.eval_checkpoints:
         return
     out = args.output_dir
@@ -130,7 +130,7 @@ def export(args, model_args, config, params, tokenizer, load_with):
 
 def train_and_eval_rows(data, streaming):
     """(train rows or stream opener, validation rows as numpy or None) from tokenize_and_group's output."""
-    from flaxlm.data import as_numpy_rows, iter_rows
+    from flaxlm.data.text import as_numpy_rows, iter_rows
     if streaming:
         train = data["train"]
 
@@ -153,7 +153,7 @@ def train_and_eval_rows(data, streaming):
 
 def held_out_rows(data, split, streaming):
     """The rows of the validation or test split as one numpy array (a stream's first STREAM_EVAL_ROWS), or None."""
-    from flaxlm.data import as_numpy_rows, iter_rows
+    from flaxlm.data.text import as_numpy_rows, iter_rows
     rows = data.get(split)
     if rows is None:
         return None

@@ -138,7 +138,7 @@ def check_range(name, value):
 
 
 def _all_known_options():
-    from flaxlm import args as all_args
+    from flaxlm.config import options as all_args
     known = set()
     for obj in vars(all_args).values():
         if dataclasses.is_dataclass(obj) and isinstance(obj, type):

@@ -2,10 +2,10 @@
 import numpy as np
 
 from flaxlm.errors import UserError
-from flaxlm.flops import decoder_lm_train_flops
-from flaxlm.lm_loss import head_loss_sums
+from flaxlm.training.flops import decoder_lm_train_flops
+from flaxlm.objectives.lm_loss import head_loss_sums
 from flaxlm.models import apply_hidden
-from flaxlm.train_loop import Objective
+from flaxlm.training.loop import Objective
 
 MAX_BLOCK_SIZE = 1024  # default block size when the tokenizer allows more (as Hugging Face's run_clm)
 
@@ -39,7 +39,7 @@ def collate_blocks(rows_BL, rng=None):
 
 def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=None):
     """Objective for run_clm_flax: the head at positions 0..L-2 against the tokens at 1..L-1 (fused with the
-    cross-entropy: flaxlm.lm_loss; the last position's head is never computed)."""
+    cross-entropy: flaxlm.objectives.lm_loss; the last position's head is never computed)."""
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
         h_BLD, head = apply_hidden(graphdef, params, ids_BL, dropout_key=dropout_key)

@@ -1,0 +1,1 @@
+"""Fine-tuning tasks: sentence prediction (classification, regression) and extractive question answering."""

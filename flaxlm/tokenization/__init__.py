@@ -1,0 +1,1 @@
+"""Tokenizers: training one on your text (trainers, unigram) and loading one for a run (loading)."""
