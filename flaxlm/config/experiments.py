@@ -41,7 +41,7 @@ OUTLINE = {
     "runtime": "compilation_cache_dir sharding coordinator_address num_processes process_id",
     "export": "push_to_hub hub_model_id hub_token",
 }
-KEY_ORDER = [f"{section}.{leaf}" for section, leaves_ in OUTLINE.items() for leaf in leaves_.split()]
+KEY_ORDER = [f"{section}.{leaf}" for section, names in OUTLINE.items() for leaf in names.split()]
 
 
 def _option_of_key():
@@ -53,7 +53,7 @@ def _option_of_key():
             if out.setdefault(f.metadata["key"], f.name) != f.name:
                 raise ValueError(f"key {f.metadata['key']} belongs to --{out[f.metadata['key']]} and --{f.name}")
     if set(out) != set(KEY_ORDER) or len(KEY_ORDER) != len(set(KEY_ORDER)):
-        raise ValueError(f"OUTLINE and the options' keys differ: {sorted(set(out) ^ set(KEY_ORDER))}")
+        raise ValueError(f"OUTLINE (each key once) and the options' keys differ: {sorted(set(out) ^ set(KEY_ORDER))}")
     return out
 
 
@@ -82,10 +82,10 @@ def config_class(name, option_fields, defaults=None):
     tree = {}  # nested {name: subtree or leaf field}, in OUTLINE order
     for key in KEY_ORDER:
         if key in by_key:
-            *sections_, leaf = key.split(".")
+            *parents, leaf = key.split(".")
             node = tree
-            for s in sections_:
-                node = node.setdefault(s, {})
+            for parent in parents:
+                node = node.setdefault(parent, {})
             node[leaf] = _leaf_field(key, by_key[key], defaults.pop(key, dataclasses.MISSING))
     if defaults:
         raise ValueError(f"defaults for keys {name} does not have: {sorted(defaults)}")
@@ -274,7 +274,7 @@ def options_of(config):
 
 def to_argv(groups, options):
     """The command line of a script taking `groups` for {option: value}: `--name=value` for each value that
-    differs from the args.py default (lists: one flag per item)."""
+    differs from its declared default (lists: one flag per item)."""
     argv = []
     for group in groups:
         for f in dataclasses.fields(group):

@@ -191,7 +191,8 @@ class TrainingArgs(SeedArgs):
                                   help="clip gradients to this global norm (0 turns clipping off)")
     num_train_epochs: float = option(3.0, minimum=0, key="trainer.num_train_epochs",
                                      help="epochs to train (ignored when --max_steps > 0)")
-    max_steps: int = option(-1, key="trainer.train_steps", help="optimizer steps to train; overrides --num_train_epochs")
+    max_steps: int = option(-1, key="trainer.train_steps",
+                            help="optimizer steps to train; overrides --num_train_epochs")
     warmup_steps: int = option(0, minimum=0, key="trainer.optimizer.warmup_steps",
                                help="linear warmup steps, then linear decay to 0")
     logging_steps: int = option(500, minimum=1, key="trainer.summary_interval",
@@ -210,14 +211,14 @@ class TrainingArgs(SeedArgs):
     skip_nonfinite_steps: int = option(0, key="trainer.skip_nonfinite_steps",
                                        help="skip up to N steps whose loss or gradient is NaN/Inf (their update is "
                                             "never applied); one more stops the run")
-    push_to_hub: bool = option(False, key="export.push_to_hub", help="upload the exported model to the hub (needs "
-                                                                     "network)")
+    push_to_hub: bool = option(False, key="export.push_to_hub",
+                               help="upload the exported model to the hub (needs network)")
     hub_model_id: str | None = option(key="export.hub_model_id", help="repository name for --push_to_hub")
     hub_token: str | None = option(key="export.hub_token", secret=True, help="token for --push_to_hub")
     peak_flops: float | None = option(key="trainer.peak_flops",
                                       help="device peak FLOP/s for MFU (default: known table, measured on CPU)")
-    report_to: str | None = option(key="trainer.report_to", help="accepted for compatibility; TensorBoard and "
-                                                                 "metrics.jsonl are always written")
+    report_to: str | None = option(key="trainer.report_to",
+                                   help="accepted for compatibility; TensorBoard and metrics.jsonl are always written")
     eval_checkpoints: str | None = option(choices=("latest", "all"), set_by="--mode",
                                           help="evaluate the checkpoints of --output_dir instead of training: "
                                                "'latest' the newest once; 'all' each one as it appears, until the "
@@ -228,8 +229,8 @@ class TrainingArgs(SeedArgs):
                                       "checkpoint")
     compilation_cache_dir: str = option("auto", key="runtime.compilation_cache_dir",
                                         help="where compiled steps are kept so that a rerun or a resumed run does not "
-                                             "compile again ('auto': ~/.cache/flaxlm/jax or $XDG_CACHE_HOME/flaxlm/jax; "
-                                             "'none': off)")
+                                             "compile again ('auto': ~/.cache/flaxlm/jax or "
+                                             "$XDG_CACHE_HOME/flaxlm/jax; 'none': off)")
     sharding: str = option("data", choices=("data", "fsdp"), key="runtime.sharding",
                            help="data: every device holds the whole params and optimizer state; fsdp: their large "
                                 "arrays are split over the devices (models too big to replicate)")
