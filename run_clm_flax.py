@@ -26,8 +26,6 @@ def main(argv=None):
     model_args, source, data_args, clm_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, TrainingArgs, argv=argv, prog="run_clm_flax.py",
         description=__doc__)
-    if data_args.line_by_line:
-        raise UserError("--line_by_line does not apply to causal-LM training (text is packed into blocks); drop it")
     from flaxlm.training import mesh as meshlib
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
     from flaxlm.data.text import load_raw_text, tokenize_and_group

@@ -14,14 +14,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.options import DataArgs, MaskedLMArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
 
 
 def main(argv=None):
-    model_args, source, data_args, args = parse_args(ModelArgs, TextSourceArgs, DataArgs, TrainingArgs,
-                                                     argv=argv, prog="run_mlm_flax.py", description=__doc__)
+    model_args, source, data_args, mlm_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, TrainingArgs, argv=argv, prog="run_mlm_flax.py",
+        description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.text import load_raw_text, tokenize_and_group
     from flaxlm.objectives.mlm import mlm_objective, resolve_seq_len
@@ -49,8 +50,8 @@ def main(argv=None):
 
     # Text -> token rows of seq_len (--line_by_line: lines packed into rows) -> the rows of each step.
     raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
-    data = tokenize_and_group(raw, tokenizer, seq_len, line_by_line=data_args.line_by_line,
-                              pack_lines=data_args.pack_lines,
+    data = tokenize_and_group(raw, tokenizer, seq_len, line_by_line=mlm_args.line_by_line,
+                              pack_lines=mlm_args.pack_lines,
                               num_workers=data_args.preprocessing_num_workers,
                               overwrite_cache=data_args.overwrite_cache,
                               max_train_samples=data_args.max_train_samples,

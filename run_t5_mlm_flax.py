@@ -17,15 +17,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from flaxlm.config.options import DataArgs, ModelArgs, SpanCorruptionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
-from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.errors import run_main  # noqa: E402
 
 
 def main(argv=None):
     model_args, source, data_args, span_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, TrainingArgs, argv=argv,
         prog="run_t5_mlm_flax.py", description=__doc__)
-    if data_args.line_by_line:
-        raise UserError("--line_by_line does not apply to span corruption (text is grouped into chunks); drop it")
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.text import load_raw_text, tokenize_and_group
     from flaxlm.models import split_model

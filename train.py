@@ -2,14 +2,15 @@
 """Run a registered experiment (TensorFlow Model Garden style) through the same code as the run_*.py scripts.
 
     python train.py --experiment=bert/sentence_prediction --mode=train_and_eval --model_dir=runs/sst2 \
-        --config_file=configs/models/roberta_base.yaml --config_file=configs/experiments/sst2.yaml \
+        --config_file=configs/models/roberta_base.yaml --config_file=configs/sst2.yaml \
         --params_override=task.model.model_name_or_path=runs/my-roberta,trainer.optimizer.learning_rate=2e-5
 
-Pipeline: the experiment's typed config (flaxlm.config.experiment_registry) <- each --config_file (nested yaml) in
-order <- each --params_override -> printed and written to model_dir/experiment.yaml -> for a model pretrained
-from scratch, its config.json in model_dir from task.model.preset (create_config.py) -> the experiment's script
-run with the flat flags of that config (the same parsing and checks as its own command line), --mode
-deciding between training, evaluation and continuous evaluation of model_dir's checkpoints.
+Pipeline: the experiment's typed config (flaxlm.config.experiment_registry) <- each --config_file in order (the
+scripts' recipes: flag names or nested keys, and the section of the experiment's script) <- each
+--params_override -> printed and written to model_dir/experiment.yaml -> for a model pretrained from scratch, its
+config.json in model_dir from task.model.preset (create_config.py) -> the experiment's script run with the flat
+flags of that config (the same parsing and checks as its own command line), --mode deciding between training,
+evaluation and continuous evaluation of model_dir's checkpoints.
 """
 import importlib
 import os
@@ -18,13 +19,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.cli import _build_parser, parse_args  # noqa: E402
-from flaxlm.errors import UserError, run_main  # noqa: E402
-from flaxlm.config.experiments import options_of, printable, resolve, to_argv, to_yaml  # noqa: E402
-from flaxlm.config.options import DriverArgs  # noqa: E402
+from flaxlm.config.cli import parse_args, parse_flags  # noqa: E402
 from flaxlm.config.experiment_registry import EXPERIMENTS, MODE_OPTIONS, get_experiment  # noqa: E402
+from flaxlm.config.experiments import options_of, printable, resolve, to_argv, to_yaml  # noqa: E402
+from flaxlm.config.options import DriverArgs, TrainingArgs  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
 
 CONFIG_FILE = "experiment.yaml"  # what a training run writes; an evaluation job writes experiment_{mode}.yaml
+CONFIG_FILE_HELP = ("yaml recipe: the experiment's keys (task:, trainer:, ...; dotted keys too) or the scripts' flag "
+                    "names, and the section of the experiment's script; repeatable, later files win")
 
 
 def main(argv=None):
@@ -33,7 +36,7 @@ def main(argv=None):
     mode = flags.mode
 
     # The typed config: registry defaults < config files in order < overrides in order.
-    config = resolve(experiment.config_class(), config_files, flags.params_override or [])
+    config = resolve(experiment.config_class(), config_files, flags.params_override or [], experiment.script)
     header = f"# train.py --experiment={experiment.name} --mode={mode}: {experiment.about}\n"
     if flags.print_config:
         print(header + to_yaml(config))
@@ -62,7 +65,6 @@ def main(argv=None):
     argv = to_argv(experiment.groups, options)
 
     # The script's own parsing and output-directory rule, before anything is written.
-    from flaxlm.config.options import TrainingArgs
     from flaxlm.training.output_dir import prepare_output_dir
     args = next(a for a in parse_args(*experiment.groups, argv=argv, prog=f"{experiment.script}.py")
                 if isinstance(a, TrainingArgs))
@@ -79,14 +81,10 @@ def main(argv=None):
 
 def parse_driver_flags(argv):
     """(DriverArgs, the --config_file paths) from train.py's command line."""
-    parser = _build_parser([DriverArgs], "train.py", __doc__.splitlines()[0])
-    parser._option_string_actions["--config_file"].help = ("nested yaml of the experiment's keys (task:, trainer:, "
-                                                           "...); repeatable, later files win")
-    ns = vars(parser.parse_args(argv))
-    config_files = ns.pop("config_file")
-    if "experiment" not in ns:
+    flags, config_files = parse_flags([DriverArgs], argv, "train.py", __doc__.splitlines()[0], CONFIG_FILE_HELP)
+    if "experiment" not in flags:
         raise UserError(f"missing --experiment; known experiments: {', '.join(EXPERIMENTS)}")
-    return DriverArgs(**ns), config_files
+    return DriverArgs(**flags), config_files
 
 
 def write_model_config(model, model_dir, fresh):

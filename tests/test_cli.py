@@ -73,3 +73,24 @@ def test_recipes_in_configs_parse():
     for name in ("demo.yaml", "norwegian-roberta-base.yaml"):
         *_, train = parse(["--config_file", os.path.join(root, "configs", name)])
         assert train.output_dir
+
+
+def test_nested_keys_in_a_scripts_recipe(tmp_path):
+    """A script reads train.py's nested and dotted keys too; another script's keys are skipped, unknown ones are
+    errors naming the nearest keys."""
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer:\n  optimizer: {learning_rate: 1.0e-3}\n  train_steps: 7\ntask.train_data.input_path: a.txt\n"
+                 "task:\n  squad: {doc_stride: 64}\n  model: {preset: roberta-tiny}\n")
+    _, source, _, train = parse(["--output_dir", "o", "--config_file", str(f)])
+    assert (train.learning_rate, train.max_steps, source.train_file) == (1e-3, 7, ["a.txt"])
+    f.write_text("trainer.optimizer.learning_rte: 1\n")
+    with pytest.raises(UserError, match="unknown option 'trainer.optimizer.learning_rte'; did you mean "
+                                        "trainer.optimizer.learning_rate"):
+        parse(["--output_dir", "o", "--config_file", str(f)])
+
+
+@pytest.mark.parametrize("script", ["run_t5_mlm_flax", "run_clm_flax", "run_classification", "run_qa"])
+def test_line_by_line_is_run_mlm_flax_only(script):
+    import importlib
+    with pytest.raises(UserError, match="unrecognized arguments: --line_by_line"):
+        importlib.import_module(script).main(["--output_dir", "o", "--line_by_line"])

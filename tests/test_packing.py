@@ -10,7 +10,7 @@ import transformers
 import run_mlm_flax
 from run_helpers import read_metrics
 from test_run_mlm import model_dir, run_args  # noqa: F401  (model_dir: a session fixture)
-from flaxlm.config.options import DataArgs, ModelArgs, TextSourceArgs, TrainingArgs
+from flaxlm.config.options import DataArgs, MaskedLMArgs, ModelArgs, TextSourceArgs, TrainingArgs
 from flaxlm.config.cli import parse_args
 from flaxlm.data.text import as_numpy_rows, load_raw_text, tokenize_and_group
 from flaxlm.objectives.mlm import mlm_objective
@@ -230,7 +230,8 @@ def test_tokenize_and_group_packs_lines_and_caches_packed_and_unpacked_apart(tmp
 
 def test_pack_lines_flag():
     def data_args(*argv):
-        return parse_args(ModelArgs, TextSourceArgs, DataArgs, TrainingArgs, argv=["--output_dir", "x", *argv])[2]
+        return parse_args(ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, TrainingArgs,
+                          argv=["--output_dir", "x", *argv])[3]
     assert data_args().pack_lines is True
     assert data_args("--pack_lines", "false").pack_lines is False
     assert data_args("--pack_lines").pack_lines is True

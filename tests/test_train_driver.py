@@ -2,6 +2,7 @@
 continuous-evaluation job beside it."""
 import collections
 import dataclasses
+import glob
 import importlib
 import json
 import os
@@ -16,6 +17,7 @@ import train
 import train_tokenizer
 from run_helpers import read_metrics
 from flaxlm.config import options as all_args
+from flaxlm.config.cli import parse_args
 from flaxlm.errors import UserError
 from flaxlm.config.experiments import (DRIVER_READ, DRIVER_SET, leaves, options_of, printable, resolve, to_argv,
                                       to_yaml)
@@ -26,7 +28,7 @@ TINY = os.path.join(ROOT, "configs", "models", "roberta_tiny.yaml")
 
 
 def config_of(name, files=(), overrides=()):
-    return resolve(EXPERIMENTS[name].config_class(), files, overrides)
+    return resolve(EXPERIMENTS[name].config_class(), files, overrides, EXPERIMENTS[name].script)
 
 
 def test_layering_defaults_then_files_in_order_then_overrides(tmp_path):
@@ -39,7 +41,7 @@ def test_layering_defaults_then_files_in_order_then_overrides(tmp_path):
     assert c.trainer.optimizer.warmup_steps == 20  # the second file beats the first
     assert (c.task.data.max_seq_length, c.trainer.train_steps) == (64, 100)  # only the first file sets these
     assert (c.trainer.optimizer.adam_beta2, c.task.model.preset) == (0.98, "roberta-base")  # registry defaults
-    assert c.trainer.optimizer.adam_beta1 == 0.9 and c.trainer.seed == 42  # args.py defaults
+    assert c.trainer.optimizer.adam_beta1 == 0.9 and c.trainer.seed == 42  # options.py defaults
     assert config_of("bert/sentence_prediction").trainer.optimizer.learning_rate == 2e-5
 
 
@@ -100,7 +102,7 @@ def test_a_preset_needs_a_tokenizer_and_nothing_is_written(tmp_path):
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_every_option_of_the_script_is_one_key(name, capsys):
-    """Each option of the script's groups is exactly one key (or set by train.py's own flags), with args.py's
+    """Each option of the script's groups is exactly one key (or set by train.py's own flags), with options.py's
     type and help; the script's parser takes exactly these options."""
     experiment = EXPERIMENTS[name]
     fields = {f.name: f for g in experiment.groups for f in dataclasses.fields(g)}
@@ -205,11 +207,57 @@ def test_train_and_eval_with_a_continuous_eval_job_beside_it(tokenizer_dir, corp
 
 
 @pytest.mark.parametrize("name, files", [
-    ("bert/sentence_prediction", ["models/roberta_base.yaml", "experiments/sst2.yaml"]),
-    ("bert/sentence_prediction", ["experiments/norec_sentence.yaml"]),
-    ("bert/squad", ["models/roberta_base.yaml", "experiments/squad.yaml"]),
-    ("roberta/mlm", ["models/roberta_small.yaml", "experiments/norec_mlm.yaml"]),
+    ("bert/sentence_prediction", ["models/roberta_base.yaml", "sst2.yaml"]),
+    ("bert/sentence_prediction", ["norec_sentence.yaml"]),
+    ("bert/squad", ["models/roberta_base.yaml", "squad.yaml"]),
+    ("roberta/mlm", ["models/roberta_small.yaml", "norec_mlm.yaml"]),
 ])
 def test_recipes_resolve(name, files):
     config = config_of(name, [os.path.join(ROOT, "configs", f) for f in files])
     assert config.task.train_data.input_path  # each recipe names its data
+
+
+def test_flat_recipes_and_script_sections(tmp_path):
+    """train.py reads the scripts' recipes: flag names at their keys, the section of the experiment's script (which
+    wins), nested and dotted keys besides; other scripts' options and sections, and the options train.py sets
+    itself, are skipped."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("learning_rate: 1.0e-4\ntrain_file: [a.txt]\nvocab_size: 500\ndoc_stride: 64\n"
+                      "trainer: {train_steps: 9}\ntask.data.max_seq_length: 32\n"
+                      "create_config:\n  preset: gpt2\n"
+                      "run_classification:\n  learning_rate: 2.0e-4\n  output_dir: elsewhere\n  do_train: false\n")
+    c = config_of("bert/sentence_prediction", [str(recipe)])
+    assert c.trainer.optimizer.learning_rate == 2e-4 and c.task.train_data.input_path == ["a.txt"]
+    assert c.trainer.train_steps == 9 and c.task.data.max_seq_length == 32 and c.task.model.preset is None
+    assert config_of("roberta/mlm", [str(recipe)]).trainer.optimizer.learning_rate == 1e-4  # not its section
+    recipe.write_text("task.squad.doc_stride: 64\n")  # a key names one experiment's option
+    with pytest.raises(UserError, match=re.escape("'task.squad.doc_stride' (--doc_stride) does not apply")):
+        config_of("bert/sentence_prediction", [str(recipe)])
+    recipe.write_text("learning_rat: 1\n")
+    with pytest.raises(UserError, match="unknown key 'learning_rat'; did you mean trainer.optimizer.learning_rate"):
+        config_of("roberta/mlm", [str(recipe)])
+
+
+def test_a_script_reads_the_experiment_yaml(tmp_path):
+    """experiment.yaml (nested keys) configures the experiment's script as train.py's flags would."""
+    experiment = EXPERIMENTS["roberta/mlm"]
+    config = config_of("roberta/mlm", [TINY], ["task.train_data.input_path=[a.txt],trainer.train_steps=7,"
+                                               "task.data.line_by_line=true,trainer.optimizer.learning_rate=0.125"])
+    written = tmp_path / "experiment.yaml"
+    written.write_text(to_yaml(config))
+    parsed = parse_args(*experiment.groups, argv=["--output_dir", "x", "--config_file", str(written)],
+                        prog=f"{experiment.script}.py")
+    values = {k: v for group in parsed for k, v in dataclasses.asdict(group).items()}
+    assert {k: values[k] for k in options_of(config) if k in values} == {
+        k: v for k, v in options_of(config).items() if k in values}
+    assert values["line_by_line"] is True and values["max_steps"] == 7 and values["learning_rate"] == 0.125
+
+
+@pytest.mark.parametrize("recipe", sorted(os.path.relpath(p, ROOT) for pattern in ("*.yaml", "*/*.yaml")
+                                          for p in glob.glob(os.path.join(ROOT, "configs", pattern))))
+def test_every_recipe_reads_in_both_front_doors(recipe):
+    """Each file in configs/ is one dialect: every experiment and every script it runs read it without an error."""
+    for name, experiment in EXPERIMENTS.items():
+        config_of(name, [os.path.join(ROOT, recipe)])
+        parse_args(*experiment.groups, argv=["--output_dir", "x", "--config_file", os.path.join(ROOT, recipe)],
+                   prog=f"{experiment.script}.py")

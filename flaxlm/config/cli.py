@@ -1,14 +1,17 @@
-"""Command lines from option dataclasses, with yaml config files (Hugging Face's flag names work).
+"""Command lines from option dataclasses, with yaml config files: the one reader both front doors share.
 
-parse_args(ModelArgs, DataArgs, ...) builds one argparse parser from the dataclasses' fields and
-returns one filled instance per dataclass. Precedence: field defaults < each --config_file yaml in
-order (later files win) < flags on the command line.
+parse_args(ModelArgs, DataArgs, ...) builds one argparse parser from the dataclasses' fields and returns one
+filled instance per dataclass. Precedence: field defaults < each --config_file in order (later files win) <
+flags on the command line. train.py parses its own flags with parse_flags and reads the same files into its
+nested config (flaxlm.config.experiments).
 
-A yaml file is a mapping of option names to values. It may also hold a section named after a
-script (e.g. `run_mlm_flax:`), whose keys apply to that script only and win over the top-level keys;
-so one recipe file can serve train_tokenizer.py, create_config.py and run_mlm_flax.py. Top-level keys
-that this script does not take are skipped when some other flaxlm script takes them; anything else
-is an error naming the key and its nearest valid names.
+A config file (a recipe) is a yaml mapping that names each option by its flag name (learning_rate: 3.0e-4, as
+Hugging Face's flags) or by its key in train.py's nested config (trainer: {optimizer: {learning_rate: 3.0e-4}},
+or trainer.optimizer.learning_rate: 3.0e-4). It may also hold a section named after a script (e.g.
+`run_mlm_flax:`) whose keys apply to that script only and win over the top-level keys; so one recipe can serve
+train_tokenizer.py, create_config.py and run_mlm_flax.py, and train.py reads the section of its experiment's
+script. Top-level keys that this script does not take are skipped when some other flaxlm script takes them;
+anything else is an error naming the key and its nearest valid names.
 """
 import argparse
 import dataclasses
@@ -21,23 +24,25 @@ import typing
 
 import yaml
 
+from flaxlm.config.options import declared_fields
 from flaxlm.errors import UserError
 
 SCRIPT_SECTIONS = ("train_tokenizer", "create_config", "run_mlm_flax", "run_t5_mlm_flax", "run_clm_flax",
                    "generate", "run_classification", "run_qa")
-
-# The least value of the numeric options that count something, in whichever script has them: a value below it
-# (or NaN/inf in any float option) fails here in one line, not as a ZeroDivisionError deep inside training.
-MINIMUM = {
-    "per_device_train_batch_size": 1, "per_device_eval_batch_size": 1, "train_batch_size": 1, "eval_batch_size": 1,
-    "gradient_accumulation_steps": 1, "logging_steps": 1, "eval_steps": 1, "save_steps": 1, "save_total_limit": 1,
-    "warmup_steps": 0, "cpu_chunk_tokens": 0, "lm_head_chunk_rows": 0, "eval_timeout": 0, "num_train_epochs": 0, "learning_rate": 0, "weight_decay": 0,
-    "adam_epsilon": 0, "max_grad_norm": 0, "seed": 0, "max_seq_length": 1, "block_size": 1,
-    "preprocessing_num_workers": 1, "max_train_samples": 1, "max_eval_samples": 1,
-    "vocab_size": 1, "min_frequency": 0, "model_max_length": 1, "max_new_tokens": 1, "top_k": 0,
-    "doc_stride": 0, "n_best_size": 1, "max_answer_length": 1,
-}
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+CONFIG_FILE_HELP = "yaml file of options; repeatable, later files win, flags win over files"
+
+
+def _key_sections(keys):
+    """The dotted sections that hold the keys: trainer and trainer.optimizer for trainer.optimizer.learning_rate."""
+    return {key.rsplit(".", n)[0] for key in keys for n in range(1, key.count(".") + 1)}
+
+
+# What some flaxlm script takes, by flag name and by nested key (another script's options in a shared recipe are
+# skipped), and the sections of the nested keys.
+FLAG_NAMES = {f.name for f in declared_fields()}
+NESTED_KEYS = {f.metadata["key"] for f in declared_fields() if "key" in f.metadata}
+KEY_SECTIONS = _key_sections(NESTED_KEYS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,21 +72,16 @@ def _to_bool(value):
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def _converter(scalar):
-    return _to_bool if scalar is bool else scalar
-
-
 def _fields(groups):
     for group in groups:
         for f in dataclasses.fields(group):
             yield f
 
 
-def _build_parser(groups, prog, description):
+def _build_parser(groups, prog, description, config_file_help):
     parser = _Parser(prog=prog, description=description, allow_abbrev=False,
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--config_file", action="append", default=[], metavar="YAML",
-                        help="yaml file of options; repeatable, later files win, flags win over files")
+    parser.add_argument("--config_file", action="append", default=[], metavar="YAML", help=config_file_help)
     for f in _fields(groups):
         scalar, is_list = _base_type(f.type)
         names = [f"--{f.name}"] + list(f.metadata.get("aliases", ()))
@@ -97,7 +97,8 @@ def _build_parser(groups, prog, description):
     return parser
 
 
-def _coerce(field, value, source):
+def coerce(name, field, value, source):
+    """A config value as the field's type (named `name` in errors), within its choices."""
     scalar, is_list = _base_type(field.type)
     try:
         if value is None:
@@ -108,12 +109,11 @@ def _coerce(field, value, source):
         out = _scalar(scalar, value)
     except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
         kind = TYPE_NAMES.get(scalar, getattr(scalar, "__name__", scalar))
-        raise UserError(f"{source}: option '{field.name}' has a bad value {value!r} ({e}); "
+        raise UserError(f"{source}: option '{name}' has a bad value {value!r} ({e}); "
                         f"it takes {'a list of ' if is_list else ''}{kind}") from None
     choices = field.metadata.get("choices")
     if choices and out not in choices:
-        raise UserError(f"{source}: option '{field.name}' must be one of {', '.join(map(str, choices))}, "
-                        f"not {out!r}")
+        raise UserError(f"{source}: option '{name}' must be one of {', '.join(map(str, choices))}, not {out!r}")
     return out
 
 
@@ -125,50 +125,15 @@ def _scalar(scalar, value):
         raise ValueError("expected a number")
     if scalar is int and isinstance(value, float) and not value.is_integer():
         raise ValueError("expected an integer")
-    return _converter(scalar)(value)
+    return _to_bool(value) if scalar is bool else scalar(value)
 
 
-def check_range(name, value):
-    """UserError when a numeric option is NaN/inf or below its MINIMUM."""
+def check_range(name, value, least=None):
+    """UserError when a numeric option is NaN/inf or below `least` (its declared minimum)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"--{name} {value} is not a finite number; give a number")
-    least = MINIMUM.get(name)
     if least is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < least:
         raise UserError(f"--{name} {value} is out of range; it must be at least {least}")
-
-
-def _all_known_options():
-    from flaxlm.config import options as all_args
-    known = set()
-    for obj in vars(all_args).values():
-        if dataclasses.is_dataclass(obj) and isinstance(obj, type):
-            known.update(f.name for f in dataclasses.fields(obj))
-    return known
-
-
-def load_config_files(paths, fields_by_name, script):
-    """Merge yaml files into {option: value} for this script, with clear errors."""
-    merged = {}
-    for path in paths:
-        data = read_yaml_mapping(path, "a mapping of option: value")
-        section = data.get(script) or {}
-        if not isinstance(section, dict):
-            raise UserError(f"config file {path}: section '{script}' must be a mapping of option: value")
-        other_known = None
-        for key, value in data.items():
-            if key in SCRIPT_SECTIONS:
-                continue
-            if key not in fields_by_name:
-                other_known = other_known if other_known is not None else _all_known_options()
-                if key in other_known:
-                    continue  # an option of another script in a shared recipe file
-                _unknown(key, fields_by_name, f"config file {path}")
-            merged[key] = _coerce(fields_by_name[key], value, f"config file {path}")
-        for key, value in section.items():
-            if key not in fields_by_name:
-                _unknown(key, fields_by_name, f"config file {path}, section '{script}'")
-            merged[key] = _coerce(fields_by_name[key], value, f"config file {path}")
-    return merged
 
 
 def read_yaml_mapping(path, what):
@@ -189,44 +154,81 @@ def read_yaml_mapping(path, what):
     return data
 
 
-def _unknown(key, fields_by_name, where):
-    near = difflib.get_close_matches(str(key), list(fields_by_name), n=3)
+def read_recipe(path, script, what):
+    """One --config_file for `script`: (its top-level keys, the keys of its section named `script`), two mappings
+    applied in that order (the section's keys win); the sections of other scripts are left out."""
+    data = read_yaml_mapping(path, what)
+    section = data.get(script) or {}
+    if not isinstance(section, dict):
+        raise UserError(f"config file {path}: section '{script}' must be a mapping of option: value")
+    return {key: value for key, value in data.items() if key not in SCRIPT_SECTIONS}, section
+
+
+def flat_items(mapping, sections, prefix=""):
+    """(dotted key, value) of a mapping whose values under the given sections may be nested mappings:
+    {trainer: {optimizer: {learning_rate: 1}}} -> trainer.optimizer.learning_rate. A section given something
+    other than a mapping comes out as it is, under the section's key."""
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if path in sections and isinstance(value, dict):
+            yield from flat_items(value, sections, path + ".")
+        else:
+            yield path, value
+
+
+def _recipe_options(path, fields, script):
+    """{option: value} that one --config_file gives a script whose options are `fields` ({name: field})."""
+    top, section = read_recipe(path, script, "a mapping of option: value")
+    by_key = {f.metadata["key"]: f for f in fields.values() if "key" in f.metadata}
+    values = {}
+    for mapping, where, shared in ((top, f"config file {path}", True),
+                                   (section, f"config file {path}, section '{script}'", False)):
+        for key, value in flat_items(mapping, KEY_SECTIONS):
+            field = fields.get(key) or by_key.get(key)
+            if field is None:
+                if shared and (key in FLAG_NAMES or key in NESTED_KEYS):
+                    continue  # an option of another script in a shared recipe file
+                _unknown(key, list(fields) + (list(by_key) if "." in key else []), where)
+            values[field.name] = coerce(key, field, value, f"config file {path}")
+    return values
+
+
+def _unknown(key, names, where):
+    near = difflib.get_close_matches(str(key), names, n=3)
     hint = f"; did you mean {' or '.join(near)}?" if near else "; see --help for the options"
     raise UserError(f"{where}: unknown option '{key}'{hint}")
+
+
+def parse_flags(groups, argv=None, prog=None, description=None, config_file_help=CONFIG_FILE_HELP):
+    """The command line alone: ({option: value} of the flags given, the --config_file paths, not read)."""
+    parser = _build_parser(groups, prog or os.path.basename(sys.argv[0]), description, config_file_help)
+    flags = vars(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    return flags, flags.pop("config_file")
 
 
 def parse_args(*groups, argv=None, prog=None, description=None):
     """Parse flags and --config_file yaml into one instance per option dataclass, in order."""
     prog = prog or os.path.basename(sys.argv[0])
-    script = os.path.splitext(prog)[0]
-    parser = _build_parser(groups, prog, description)
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    fields_by_name = {f.name: f for f in _fields(groups)}
-    values = load_config_files(ns.config_file, fields_by_name, script)
-    values.update({k: v for k, v in vars(ns).items() if k != "config_file"})
+    flags, config_files = parse_flags(groups, argv, prog, description)
+    fields = {f.name: f for f in _fields(groups)}
+    values = {}
+    for path in config_files:
+        values.update(_recipe_options(path, fields, os.path.splitext(prog)[0]))
+    values.update(flags)
     for name, value in values.items():
         for item in value if isinstance(value, list) else [value]:
-            check_range(name, item)
-    out = []
-    for group in groups:
-        kwargs = {f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values}
-        missing = [f.name for f in dataclasses.fields(group)
-                   if f.name not in kwargs and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
-        if missing:
-            raise UserError(f"missing required option --{missing[0]} (give it as a flag or in a --config_file)")
-        out.append(group(**kwargs))
-    return tuple(out)
+            check_range(name, item, fields[name].metadata.get("minimum"))
+    return tuple(_instance(group, values) for group in groups)
 
 
-def option(default=None, help="", **metadata):
-    """A dataclass field with help text and optional aliases/choices; lists get a fresh default."""
-    metadata["help"] = help
-    if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def required(help="", **metadata):
-    metadata["help"] = help
-    return dataclasses.field(metadata=metadata)
+def _instance(group, values):
+    """The group filled from values; a missing option without a default, or one of the group's
+    required_options without a value, is an error."""
+    kwargs = {f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values}
+    needed = getattr(group, "required_options", ())
+    missing = [f.name for f in dataclasses.fields(group)
+               if (f.name not in kwargs and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING) or (f.name in needed and kwargs.get(f.name) is None)]
+    if missing:
+        raise UserError(f"missing required option --{missing[0]} (give it as a flag or in a --config_file)")
+    return group(**kwargs)

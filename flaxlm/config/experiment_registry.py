@@ -1,5 +1,5 @@
 """The experiments train.py knows: each name maps to a run_*.py script, the option groups its main() parses, and
-the defaults its typed config starts from (where they differ from flaxlm/args.py's).
+the defaults its typed config starts from (where they differ from flaxlm/config/options.py's).
 
 Pretraining defaults follow the published recipes (Hugging Face's Norwegian RoBERTa/T5/GPT-2 recipes in
 configs/, the BERT, OPT and Llama papers); fine-tuning defaults follow BERT's GLUE and SQuAD settings as Hugging
@@ -8,12 +8,13 @@ Face's run_glue.py / run_qa.py examples use them, with global batches that divid
 import dataclasses
 import difflib
 
-from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, ModelArgs, QuestionAnsweringArgs,
-                         SentencePredictionArgs, SpanCorruptionArgs, TextSourceArgs, TrainingArgs)
+from flaxlm.config.experiments import DRIVER_READ, config_class
+from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, MaskedLMArgs, ModelArgs,
+                                   QuestionAnsweringArgs, SentencePredictionArgs, SpanCorruptionArgs, TextSourceArgs,
+                                   TrainingArgs)
 from flaxlm.errors import UserError
-from flaxlm.config.experiments import DRIVER_READ, DRIVER_SET, config_class
 
-# What each --mode sets of the options train.py owns (flaxlm.config.experiments.DRIVER_SET).
+# What each --mode sets of the options train.py owns (their set_by is --mode).
 MODE_OPTIONS = {
     "train": {"do_train": True, "do_eval": False},
     "train_and_eval": {"do_train": True, "do_eval": True},
@@ -28,13 +29,13 @@ class Experiment:
     script: str  # module of the run_*.py script at the repository root
     groups: tuple  # the option dataclasses its main() parses, in order
     pretraining: bool  # True: without config_name / model_name_or_path, task.model.preset names the architecture
-    defaults: dict  # {dotted key: value} where this experiment's defaults differ from args.py's
+    defaults: dict  # {dotted key: value} where this experiment's defaults differ from options.py's
     about: str
 
     def config_class(self):
         """The typed config of this experiment (one class per experiment: its instances compare equal)."""
         if self.name not in _CLASSES:
-            fields = [f for g in self.groups for f in dataclasses.fields(g) if f.name not in DRIVER_SET]
+            fields = [f for g in self.groups for f in dataclasses.fields(g)]
             fields += [f for f in dataclasses.fields(ConfigArgs) if f.name in DRIVER_READ]
             _CLASSES[self.name] = config_class(self.name, fields, self.defaults)
         return _CLASSES[self.name]
@@ -43,7 +44,7 @@ class Experiment:
 _CLASSES = {}
 
 
-MLM = (ModelArgs, TextSourceArgs, DataArgs, TrainingArgs)
+MLM = (ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, TrainingArgs)
 CLM = (ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, TrainingArgs)
 SPAN = (ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, TrainingArgs)
 SENTENCE = (ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs)

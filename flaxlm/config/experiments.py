@@ -1,12 +1,12 @@
-"""Experiment configs for train.py: the options of flaxlm/args.py arranged into nested, typed sections.
+"""Experiment configs for train.py: the options of flaxlm/config/options.py arranged into nested, typed sections.
 
-LAYOUT places every option of the run_*.py scripts exactly once under a dotted section: task.model.dtype
-is --dtype, and a few leaves take TensorFlow Model Garden's names (task.train_data.input_path is
---train_file, trainer.train_steps is --max_steps). The leaves ARE the args.py fields (same type, default,
-help; nothing is declared twice): config_class() builds one experiment's nested dataclasses from the
-fields of its script's option groups. resolve() layers yaml files and --params_override onto the
-defaults with the checks the scripts' own flags get (flaxlm.config.cli), options_of() flattens the result
-back into {option: value} and to_argv() into the script's command line.
+Each option declares its key: task.model.dtype is --dtype, and a few keys take TensorFlow Model Garden's names
+(task.train_data.input_path is --train_file, trainer.train_steps is --max_steps). The leaves ARE the options'
+fields (same type, default, help; nothing is declared twice): config_class() builds one experiment's nested
+dataclasses from the fields of its script's option groups, in the order of OUTLINE. resolve() layers config
+files (flaxlm.config.cli's reader: flag names, nested or dotted keys, the section of the experiment's script)
+and --params_override (keys only) onto the defaults with the checks the scripts' own flags get, options_of()
+flattens the result back into {option: value} and to_argv() into the script's command line.
 """
 import dataclasses
 import difflib
@@ -15,74 +15,78 @@ import typing
 
 import yaml
 
-from flaxlm.config.cli import _coerce, check_range, read_yaml_mapping
+from flaxlm.config.cli import FLAG_NAMES, check_range, coerce, flat_items, read_recipe
+from flaxlm.config.options import ConfigArgs, declared_fields
 from flaxlm.errors import UserError
 
-# section: its leaves, "leaf" (the option's own name) or "leaf=option".
-LAYOUT = {
+# The order experiment.yaml lists the sections and their keys in (each key is one option's `key`).
+OUTLINE = {
     "task.model": "model_name_or_path model_type config_name tokenizer_name use_fast_tokenizer dtype token "
-                  "trust_remote_code scan_layers remat_policy attention_implementation preset config_overrides=set",
+                  "trust_remote_code scan_layers remat_policy attention_implementation preset config_overrides",
     "task.data": "dataset_name dataset_config_name text_column streaming cache_dir validation_split_percentage "
                  "max_seq_length block_size keep_linebreaks line_by_line pack_lines pad_to_max_length "
                  "preprocessing_num_workers overwrite_cache",
-    "task.train_data": "input_path=train_file per_device_batch_size=per_device_train_batch_size "
-                       "global_batch_size=train_batch_size max_samples=max_train_samples",
-    "task.validation_data": "input_path=validation_file per_device_batch_size=per_device_eval_batch_size "
-                            "global_batch_size=eval_batch_size max_samples=max_eval_samples",
-    "task.test_data": "input_path=test_file",
+    "task.train_data": "input_path per_device_batch_size global_batch_size max_samples",
+    "task.validation_data": "input_path per_device_batch_size global_batch_size max_samples",
+    "task.test_data": "input_path",
     "task.objective": "mlm_probability mean_noise_span_length",
     "task.sentence_prediction": "task_name sentence1_column sentence2_column label_column is_regression metric",
     "task.squad": "version_2_with_negative doc_stride n_best_size max_answer_length null_score_diff_threshold",
-    "trainer": "train_steps=max_steps num_train_epochs gradient_accumulation_steps cpu_chunk_tokens lm_head_chunk_rows "
-               "summary_interval=logging_steps validation_interval=eval_steps eval_at_start "
-               "checkpoint_interval=save_steps max_to_keep=save_total_limit async_checkpointing "
-               "resume_from_checkpoint overwrite_output_dir skip_nonfinite_steps do_predict eval_timeout seed "
-               "peak_flops report_to",
+    "trainer": "train_steps num_train_epochs gradient_accumulation_steps cpu_chunk_tokens lm_head_chunk_rows "
+               "summary_interval validation_interval eval_at_start checkpoint_interval max_to_keep "
+               "async_checkpointing resume_from_checkpoint overwrite_output_dir skip_nonfinite_steps do_predict "
+               "eval_timeout seed peak_flops report_to",
     "trainer.optimizer": "learning_rate weight_decay adam_beta1 adam_beta2 adam_epsilon adafactor warmup_steps "
                          "max_grad_norm",
     "runtime": "compilation_cache_dir sharding coordinator_address num_processes process_id",
     "export": "push_to_hub hub_model_id hub_token",
 }
-# Options train.py sets itself from its own flags; they have no key.
-DRIVER_SET = {"output_dir": "--model_dir", "do_train": "--mode", "do_eval": "--mode", "eval_checkpoints": "--mode"}
-# Options never written to experiment.yaml nor printed (a token would otherwise sit in model_dir and go up to the hub
-# with --push_to_hub): the file and the printed command line say where one was given.
-SECRETS = ("token", "hub_token")
-# Keys train.py consumes itself (create_config.py's options: the architecture of a model pretrained from scratch);
-# they never go to the script.
-DRIVER_READ = ("preset", "set")
+KEY_ORDER = [f"{section}.{leaf}" for section, names in OUTLINE.items() for leaf in names.split()]
 
 
-def _placements():
+def _option_of_key():
+    """{key: option name} of every option with a key; a name with two keys, or keys that are not OUTLINE's, is an
+    error in options.py or OUTLINE."""
     out = {}
-    for section, entries in LAYOUT.items():
-        for entry in entries.split():
-            leaf, _, option = entry.partition("=")
-            if (option or leaf) in out:
-                raise ValueError(f"option {option or leaf} is placed twice in LAYOUT")
-            out[option or leaf] = f"{section}.{leaf}"
+    for f in declared_fields():
+        if "key" in f.metadata:
+            if out.setdefault(f.metadata["key"], f.name) != f.name:
+                raise ValueError(f"key {f.metadata['key']} belongs to --{out[f.metadata['key']]} and --{f.name}")
+    if set(out) != set(KEY_ORDER) or len(KEY_ORDER) != len(set(KEY_ORDER)):
+        raise ValueError(f"OUTLINE (each key once) and the options' keys differ: {sorted(set(out) ^ set(KEY_ORDER))}")
     return out
 
 
-PLACEMENT = _placements()  # {option: dotted key}
+OPTION_OF_KEY = _option_of_key()
+# Options train.py sets itself from its own flags ({option: flag}); they have no key.
+DRIVER_SET = {f.name: f.metadata["set_by"] for f in declared_fields() if "set_by" in f.metadata}
+# Options never written to experiment.yaml nor printed (a token would otherwise sit in model_dir and go up to the hub
+# with --push_to_hub): the file and the printed command line say where one was given.
+SECRETS = tuple(f.name for f in declared_fields() if f.metadata.get("secret"))
+# create_config.py's options that train.py consumes itself (the architecture of a model pretrained from scratch);
+# they never go to the script.
+DRIVER_READ = tuple(f.name for f in dataclasses.fields(ConfigArgs) if "key" in f.metadata)
 
 
 def config_class(name, option_fields, defaults=None):
-    """The nested dataclass of one experiment: option_fields (dataclass fields of its options) placed by LAYOUT;
-    defaults ({dotted key: value}) replace args.py's defaults."""
+    """The nested dataclass of one experiment: option_fields (dataclass fields of its options; those train.py sets
+    itself are left out) placed at their keys in OUTLINE's order; defaults ({dotted key: value}) replace the
+    options' defaults."""
     defaults = dict(defaults or {})
-    by_option = {f.name: f for f in option_fields}
-    missing = set(by_option) - set(PLACEMENT) - set(DRIVER_SET)
-    if missing:  # a new option in flaxlm/args.py needs its key here
-        raise ValueError(f"options without a place in LAYOUT: {sorted(missing)}")
-    tree = {}  # nested {name: subtree or leaf field}, in LAYOUT order
-    for option, key in PLACEMENT.items():
-        if option in by_option:
-            *sections, leaf = key.split(".")
+    by_key = {}
+    for f in option_fields:
+        if "set_by" not in f.metadata:
+            if "key" not in f.metadata:  # a new option in flaxlm/config/options.py needs its key
+                raise ValueError(f"option --{f.name} has no key in train.py's config")
+            by_key[f.metadata["key"]] = f
+    tree = {}  # nested {name: subtree or leaf field}, in OUTLINE order
+    for key in KEY_ORDER:
+        if key in by_key:
+            *parents, leaf = key.split(".")
             node = tree
-            for s in sections:
-                node = node.setdefault(s, {})
-            node[leaf] = _leaf_field(key, by_option[option], defaults.pop(key, dataclasses.MISSING))
+            for parent in parents:
+                node = node.setdefault(parent, {})
+            node[leaf] = _leaf_field(key, by_key[key], defaults.pop(key, dataclasses.MISSING))
     if defaults:
         raise ValueError(f"defaults for keys {name} does not have: {sorted(defaults)}")
     return _make_class(name.replace("/", "_") + "_config", tree)
@@ -94,7 +98,7 @@ def _leaf_field(key, f, default):
     else:
         default = _checked(key, f, default, "experiment defaults")
     if default is dataclasses.MISSING:
-        raise ValueError(f"--{f.name} has no default; train.py must set it (DRIVER_SET)")
+        raise ValueError(f"--{f.name} has no default; train.py must set it (set_by)")
     meta = {**f.metadata, "option": f.name}
     if isinstance(default, list):
         return f.type, dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
@@ -132,26 +136,39 @@ def sections(cls, prefix=""):
     return out
 
 
-def resolve(cls, config_files=(), overrides=()):
-    """An instance of cls: its defaults, then each yaml file in order, then each override in order."""
+def resolve(cls, config_files=(), overrides=(), script=None):
+    """An instance of cls: its defaults, then each config file in order (with the section of `script`, the
+    experiment's), then each override in order."""
     config = cls()
     for path in config_files:
-        apply(config, load_yaml(path), f"config file {path}")
+        top, section = read_recipe(path, script, "a nested mapping of keys (task:, trainer:, ...)")
+        for mapping in (top, section):
+            apply(config, _keyed(cls, mapping), f"config file {path}")
     for text in overrides:
         apply(config, parse_override(text), "--params_override")
     return config
 
 
-def apply(config, mapping, source, prefix=""):
+def _keyed(cls, mapping):
+    """A config file's mapping with each flag name (a flat recipe's learning_rate) as its key in cls; the options of
+    other scripts, and those train.py sets itself, are left out (a recipe shared with other scripts)."""
+    key_of = {f.metadata["option"]: key for key, f in leaves(cls).items()}
+    out = {}
+    for name, value in mapping.items():
+        if name in key_of:
+            out[key_of[name]] = value
+        elif name not in FLAG_NAMES:  # a nested or dotted key (or an unknown one: apply says so)
+            out[name] = value
+    return out
+
+
+def apply(config, mapping, source):
     """Set the values of a nested mapping (keys may be dotted) on config, each checked."""
     cls = type(config)
     known_leaves, known_sections = leaves(cls), sections(cls)
-    for key, value in mapping.items():
-        path = f"{prefix}{key}"
+    for path, value in flat_items(mapping, known_sections):
         if path in known_sections:
-            if isinstance(value, dict):
-                apply(config, value, source, path + ".")
-            elif value is not None:
+            if value is not None:
                 raise UserError(f"{source}: '{path}' is a section; give it a mapping of its keys, not {value!r}")
         elif path in known_leaves:
             value = _checked(path, known_leaves[path], value, source)
@@ -166,13 +183,13 @@ def apply(config, mapping, source, prefix=""):
 
 def _checked(key, f, value, source):
     """value as the field's type, within the option's range (flaxlm.config.cli's checks, naming the dotted key)."""
-    value = _coerce(types.SimpleNamespace(name=key, type=f.type, metadata=f.metadata), value, source)
+    value = coerce(key, f, value, source)
     option = f.metadata.get("option", f.name)
     if value is None and option not in DRIVER_READ and not _optional(f.type):
         raise UserError(f"{source}: '{key}' (--{option}) cannot be null; give it a value")
     for item in value if isinstance(value, list) else [value]:
         try:
-            check_range(option, item)
+            check_range(option, item, f.metadata.get("minimum"))
         except UserError as e:
             raise UserError(f"{source}: '{key}': {e}") from None
     return value
@@ -183,9 +200,8 @@ def _optional(tp):
 
 
 def _unknown(path, known_leaves, known_sections, source):
-    if path in PLACEMENT.values():
-        option = next(o for o, k in PLACEMENT.items() if k == path)
-        raise UserError(f"{source}: '{path}' (--{option}) does not apply to this experiment; drop it")
+    if path in OPTION_OF_KEY:
+        raise UserError(f"{source}: '{path}' (--{OPTION_OF_KEY[path]}) does not apply to this experiment; drop it")
     last = path.rsplit(".", 1)[-1]
     names = {k: {k.rsplit(".", 1)[-1], f.metadata["option"]} for k, f in known_leaves.items()}
     same_name = [k for k, n in names.items() if last in n]  # a leaf or an option name under another section
@@ -194,11 +210,6 @@ def _unknown(path, known_leaves, known_sections, source):
     near = same_name or list(dict.fromkeys(near_path + near_name))[:3]
     hint = f"; did you mean {' or '.join(near)}?" if near else "; the keys are those of train.py --print_config"
     raise UserError(f"{source}: unknown key '{path}'{hint}")
-
-
-def load_yaml(path):
-    """A config file's nested mapping ({} when empty), with one-line errors."""
-    return read_yaml_mapping(path, "a nested mapping of keys (task:, trainer:, ...)")
 
 
 def parse_override(text):
@@ -263,7 +274,7 @@ def options_of(config):
 
 def to_argv(groups, options):
     """The command line of a script taking `groups` for {option: value}: `--name=value` for each value that
-    differs from the args.py default (lists: one flag per item)."""
+    differs from its declared default (lists: one flag per item)."""
     argv = []
     for group in groups:
         for f in dataclasses.fields(group):
