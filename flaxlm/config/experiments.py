@@ -3,7 +3,7 @@
 Each option declares its key: task.model.dtype is --dtype, and a few keys take TensorFlow Model Garden's names
 (task.train_data.input_path is --train_file, trainer.train_steps is --max_steps). The leaves ARE the options'
 fields (same type, default, help; nothing is declared twice): config_class() builds one experiment's nested
-dataclasses from the fields of its script's option groups, in the order of OUTLINE. resolve() layers config
+dataclasses from the fields of its script's option groups, in their declaration order. resolve() layers config
 files (flaxlm.config.cli's reader: flag names, nested or dotted keys, the section of the experiment's script)
 and --params_override (keys only) onto the defaults with the checks the scripts' own flags get, options_of()
 flattens the result back into {option: value} and to_argv() into the script's command line.
@@ -19,41 +19,13 @@ from flaxlm.config.cli import FLAG_NAMES, check_range, coerce, flat_items, read_
 from flaxlm.config.options import ConfigArgs, declared_fields
 from flaxlm.errors import UserError
 
-# The order experiment.yaml lists the sections and their keys in (each key is one option's `key`).
-OUTLINE = {
-    "task.model": "model_name_or_path model_type config_name tokenizer_name use_fast_tokenizer dtype token "
-                  "trust_remote_code scan_layers remat_policy attention_implementation preset config_overrides",
-    "task.data": "dataset_name dataset_config_name text_column streaming cache_dir validation_split_percentage "
-                 "max_seq_length block_size keep_linebreaks line_by_line pack_lines pad_to_max_length "
-                 "preprocessing_num_workers overwrite_cache",
-    "task.train_data": "input_path per_device_batch_size global_batch_size max_samples",
-    "task.validation_data": "input_path per_device_batch_size global_batch_size max_samples",
-    "task.test_data": "input_path",
-    "task.objective": "mlm_probability mean_noise_span_length",
-    "task.sentence_prediction": "task_name sentence1_column sentence2_column label_column is_regression metric",
-    "task.squad": "version_2_with_negative doc_stride n_best_size max_answer_length null_score_diff_threshold",
-    "trainer": "train_steps num_train_epochs gradient_accumulation_steps cpu_chunk_tokens lm_head_chunk_rows "
-               "summary_interval validation_interval eval_at_start checkpoint_interval max_to_keep "
-               "async_checkpointing resume_from_checkpoint overwrite_output_dir skip_nonfinite_steps do_predict "
-               "eval_timeout seed peak_flops report_to",
-    "trainer.optimizer": "learning_rate weight_decay adam_beta1 adam_beta2 adam_epsilon adafactor warmup_steps "
-                         "max_grad_norm",
-    "runtime": "compilation_cache_dir sharding coordinator_address num_processes process_id",
-    "export": "push_to_hub hub_model_id hub_token",
-}
-KEY_ORDER = [f"{section}.{leaf}" for section, names in OUTLINE.items() for leaf in names.split()]
-
-
 def _option_of_key():
-    """{key: option name} of every option with a key; a name with two keys, or keys that are not OUTLINE's, is an
-    error in options.py or OUTLINE."""
+    """{key: option name} of every option with a key; two options with one key are an error in options.py."""
     out = {}
     for f in declared_fields():
         if "key" in f.metadata:
             if out.setdefault(f.metadata["key"], f.name) != f.name:
                 raise ValueError(f"key {f.metadata['key']} belongs to --{out[f.metadata['key']]} and --{f.name}")
-    if set(out) != set(KEY_ORDER) or len(KEY_ORDER) != len(set(KEY_ORDER)):
-        raise ValueError(f"OUTLINE (each key once) and the options' keys differ: {sorted(set(out) ^ set(KEY_ORDER))}")
     return out
 
 
@@ -70,23 +42,22 @@ DRIVER_READ = tuple(f.name for f in dataclasses.fields(ConfigArgs) if "key" in f
 
 def config_class(name, option_fields, defaults=None):
     """The nested dataclass of one experiment: option_fields (dataclass fields of its options; those train.py sets
-    itself are left out) placed at their keys in OUTLINE's order; defaults ({dotted key: value}) replace the
+    itself are left out) placed at their keys, sections and leaves in the order the options are declared (a section
+    where its first option is); defaults ({dotted key: value}) replace the
     options' defaults."""
     defaults = dict(defaults or {})
-    by_key = {}
+    tree = {}  # nested {name: subtree or leaf field}, in declaration order
     for f in option_fields:
-        if "set_by" not in f.metadata:
-            if "key" not in f.metadata:  # a new option in flaxlm/config/options.py needs its key
-                raise ValueError(f"option --{f.name} has no key in train.py's config")
-            by_key[f.metadata["key"]] = f
-    tree = {}  # nested {name: subtree or leaf field}, in OUTLINE order
-    for key in KEY_ORDER:
-        if key in by_key:
-            *parents, leaf = key.split(".")
-            node = tree
-            for parent in parents:
-                node = node.setdefault(parent, {})
-            node[leaf] = _leaf_field(key, by_key[key], defaults.pop(key, dataclasses.MISSING))
+        if "set_by" in f.metadata:
+            continue
+        if "key" not in f.metadata:  # a new option in flaxlm/config/options.py needs its key
+            raise ValueError(f"option --{f.name} has no key in train.py's config")
+        key = f.metadata["key"]
+        *parents, leaf = key.split(".")
+        node = tree
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = _leaf_field(key, f, defaults.pop(key, dataclasses.MISSING))
     if defaults:
         raise ValueError(f"defaults for keys {name} does not have: {sorted(defaults)}")
     return _make_class(name.replace("/", "_") + "_config", tree)
@@ -106,8 +77,9 @@ def _leaf_field(key, f, default):
 
 
 def _make_class(name, tree):
+    """The dataclass of one section: its leaves, then its subsections."""
     fields = []
-    for key, node in tree.items():
+    for key, node in sorted(tree.items(), key=lambda item: isinstance(item[1], dict)):
         if isinstance(node, dict):
             section = _make_class(f"{name}_{key}", node)
             fields.append((key, section, dataclasses.field(default_factory=section)))

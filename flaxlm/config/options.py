@@ -53,13 +53,6 @@ class ModelLoadingArgs:
 
 
 @dataclass
-class SeedArgs:
-    """The seed of everything random in a run (training's and generate.py's)."""
-    seed: int = option(42, minimum=0, key="trainer.seed",
-                       help="seed for initialization, data order, masking and dropout (generate.py: of the sampling)")
-
-
-@dataclass
 class ModelArgs(ModelLoadingArgs):
     model_type: str | None = option(key="task.model.model_type",
                                     help="model family, checked against config.json (bert, roberta, t5, gpt2, opt, "
@@ -154,8 +147,12 @@ class CausalLMArgs:
 
 
 @dataclass
-class TrainingArgs(SeedArgs):
+class TrainingArgs:
     output_dir: str = required(set_by="--model_dir", help="where checkpoints, logs and the exported model go")
+    max_steps: int = option(-1, key="trainer.train_steps",
+                            help="optimizer steps to train; overrides --num_train_epochs")
+    num_train_epochs: float = option(3.0, minimum=0, key="trainer.num_train_epochs",
+                                     help="epochs to train (ignored when --max_steps > 0)")
     overwrite_output_dir: bool = option(False, key="trainer.overwrite_output_dir",
                                         help="write into a non-empty output_dir (only our files are replaced)")
     do_train: bool = option(True, set_by="--mode", help="train (on by default)")
@@ -189,10 +186,6 @@ class TrainingArgs(SeedArgs):
     adafactor: bool = option(False, key="trainer.optimizer.adafactor", help="use Adafactor instead of AdamW")
     max_grad_norm: float = option(1.0, minimum=0, key="trainer.optimizer.max_grad_norm",
                                   help="clip gradients to this global norm (0 turns clipping off)")
-    num_train_epochs: float = option(3.0, minimum=0, key="trainer.num_train_epochs",
-                                     help="epochs to train (ignored when --max_steps > 0)")
-    max_steps: int = option(-1, key="trainer.train_steps",
-                            help="optimizer steps to train; overrides --num_train_epochs")
     warmup_steps: int = option(0, minimum=0, key="trainer.optimizer.warmup_steps",
                                help="linear warmup steps, then linear decay to 0")
     logging_steps: int = option(500, minimum=1, key="trainer.summary_interval",
@@ -211,6 +204,8 @@ class TrainingArgs(SeedArgs):
     skip_nonfinite_steps: int = option(0, key="trainer.skip_nonfinite_steps",
                                        help="skip up to N steps whose loss or gradient is NaN/Inf (their update is "
                                             "never applied); one more stops the run")
+    seed: int = option(42, minimum=0, key="trainer.seed",
+                       help="seed for initialization, data order, masking and dropout")
     push_to_hub: bool = option(False, key="export.push_to_hub",
                                help="upload the exported model to the hub (needs network)")
     hub_model_id: str | None = option(key="export.hub_model_id", help="repository name for --push_to_hub")
@@ -274,7 +269,7 @@ class ConfigArgs:
 
 
 @dataclass
-class GenerateArgs(ModelLoadingArgs, SeedArgs):
+class GenerateArgs(ModelLoadingArgs):
     """generate.py's options."""
     required_options: ClassVar[tuple] = ("model_name_or_path",)  # optional where training scripts take it
     prompt: list[str] | None = option(help="text to continue; repeatable (--prompt A --prompt B)")
@@ -285,6 +280,7 @@ class GenerateArgs(ModelLoadingArgs, SeedArgs):
     top_k: int = option(0, minimum=0, help="with --do_sample: draw from the k most likely tokens only (0: all)")
     top_p: float = option(1.0, help="with --do_sample: draw from the smallest set of tokens holding this "
                                     "probability mass (1: all)")
+    seed: int = option(42, minimum=0, help="seed of the sampling")
 
 
 @dataclass
