@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from run_helpers import read_metrics
+from test_data import corpus, tokenizer  # noqa: F401  (tokenizer: a module fixture)
 from flaxlm.config.options import TextSourceArgs
 from flaxlm.data import rows
 from flaxlm.data.fingerprint import fingerprint
@@ -21,7 +22,6 @@ from flaxlm.errors import UserError
 from flaxlm.tokenization.trainers import train_bpe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = "sol regn vind snø hav fjell skog elv by land bok hus vei natt dag lys mørke stein tre gress".split()
 
 # The row function of a copied pretraining script, as its user writes it: a helper, a constant and a set it reads.
 COPIED = '''"""My corpus's rows."""
@@ -43,16 +43,6 @@ def make_rows(texts, tokenizer, length):
     texts = [t for t in texts if t not in DROP]
     return cut(tokenizer(texts)["input_ids"], length)
 '''
-
-
-def corpus(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, rng.integers(3, 20))) + "." for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_bpe(corpus(300), vocab_size=400, model_max_length=64)
 
 
 @pytest.fixture

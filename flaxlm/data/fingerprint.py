@@ -50,13 +50,15 @@ def fingerprint(obj) -> str:
 def is_library(module_name) -> bool:
     """True for modules installed as libraries (site-packages, the standard library, built-in modules);
     False for flaxlm, a script run as __main__ and any other module outside those directories."""
-    top = (module_name or "__main__").split(".")[0]
+    name = module_name or "__main__"
+    top = name.split(".")[0]
     if top in ("flaxlm", "__main__"):
         return False
     if top in sys.builtin_module_names:
         return True
-    path = getattr(sys.modules.get(top), "__file__", None)
-    return path is not None and os.path.realpath(path).startswith(_LIBRARY_DIRS)
+    module = sys.modules.get(name) or sys.modules.get(top)
+    where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or ()), None)
+    return where is not None and os.path.realpath(where).startswith(_LIBRARY_DIRS)
 
 
 def _library(module_name, qualname):
