@@ -17,10 +17,10 @@ What counts, recursively:
 
 Stable across processes and runs: nothing taken from id() or memory addresses goes in (an object met twice is
 described twice alike; a reference back to an object being described, a cycle, by how many levels up it
-closes); dicts and sets are sorted by the fingerprint of their keys or
-items (set order changes with PYTHONHASHSEED); file names and line numbers are left out (a copy of a script
-elsewhere, or a line added above a function, keeps the key). A docstring is a constant of its function, so
-editing one changes the key.
+closes); dicts and sets are sorted by the description of their keys or items (set order changes with
+PYTHONHASHSEED); file names and line numbers are left out (a copy of a script elsewhere, or a line added above a
+function, keeps the key). What does change it: a docstring (a constant of its function), another Python
+version (other bytecode), and a global the function reads that holds other values when the key is made.
 """
 import functools
 import hashlib
