@@ -24,12 +24,12 @@ def main(argv=None):
         ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs, argv=argv,
         prog="run_classification.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
-    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.objectives.mlm import resolve_seq_len
     from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, pretrain, start_run, total_train_steps
+    from flaxlm.training.pipeline import batch_sizes, export, pretrain, start_run
     from flaxlm.data.sentence_data import label_names, load_examples, token_rows
     from flaxlm.tasks.sentence_prediction import (load_classifier, majority_scores, resolve_task, sentence_objective,
                                             write_predictions)
@@ -72,7 +72,7 @@ def main(argv=None):
     mesh = meshlib.make_mesh()
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
-    total_steps = total_train_steps(args, train_rows, streaming=False)
+    total_steps = total_train_steps(args, train_rows)
     labeled_test = rows["test"] if "test" in rows and examples["test"].labels is not None else None
     start_fresh(args)  # inputs all read
 

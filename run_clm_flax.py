@@ -28,10 +28,11 @@ def main(argv=None):
         description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
-    from flaxlm.data.text import load_raw_text, tokenize_and_group
+    from flaxlm.data import rows
+    from flaxlm.data.text import load_raw_text
     from flaxlm.models import CAUSAL_LM_TYPES, split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
+    from flaxlm.training.pipeline import batch_sizes, export, load_model, pretrain, start_run
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
@@ -54,13 +55,12 @@ def main(argv=None):
     # Text -> documents, each followed by EOS, packed into blocks of block_size -> the blocks of each step.
     raw = load_raw_text(source, data_args.validation_split_percentage, args.seed,
                         keep_linebreaks=clm_args.keep_linebreaks, include_test=args.do_predict)
-    data = tokenize_and_group(raw, tokenizer, block_size, document_eos=tokenizer.eos_token_id,
-                              num_workers=data_args.preprocessing_num_workers,
-                              overwrite_cache=data_args.overwrite_cache,
-                              max_train_samples=data_args.max_train_samples,
-                              max_eval_samples=data_args.max_eval_samples)
-    train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
-    test_rows = held_out_rows(data, "test", source.streaming)
+    # Your own function may go here (a batch of texts in, int32 [n, block_size] rows out); editing it re-tokenizes.
+    make_rows = rows.documents(tokenizer, block_size, eos=tokenizer.eos_token_id)
+    data = rows.from_text(raw, make_rows, block_size, num_workers=data_args.preprocessing_num_workers,
+                          overwrite_cache=data_args.overwrite_cache, max_train_samples=data_args.max_train_samples,
+                          max_eval_samples=data_args.max_eval_samples)
+    train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 
     # Train: every token predicted from the ones before it.

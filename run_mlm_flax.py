@@ -24,12 +24,13 @@ def main(argv=None):
         ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, TrainingArgs, argv=argv, prog="run_mlm_flax.py",
         description=__doc__)
     from flaxlm.training import mesh as meshlib
-    from flaxlm.data.text import load_raw_text, tokenize_and_group
+    from flaxlm.data import rows
+    from flaxlm.data.text import load_raw_text
     from flaxlm.objectives.mlm import mlm_objective, resolve_seq_len
     from flaxlm.data.mlm_masking import MLMMasker
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
+    from flaxlm.training.pipeline import batch_sizes, export, load_model, pretrain, start_run
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
@@ -48,16 +49,15 @@ def main(argv=None):
     mesh = meshlib.make_mesh()
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
-    # Text -> token rows of seq_len (--line_by_line: lines packed into rows) -> the rows of each step.
+    # Text -> token rows of seq_len (blocks; --line_by_line: lines, packed into rows) -> the rows of each step.
     raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
-    data = tokenize_and_group(raw, tokenizer, seq_len, line_by_line=mlm_args.line_by_line,
-                              pack_lines=mlm_args.pack_lines,
-                              num_workers=data_args.preprocessing_num_workers,
-                              overwrite_cache=data_args.overwrite_cache,
-                              max_train_samples=data_args.max_train_samples,
-                              max_eval_samples=data_args.max_eval_samples)
-    train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
-    test_rows = held_out_rows(data, "test", source.streaming)
+    # Your own function may go here (a batch of texts in, int32 [n, seq_len] rows out); editing it re-tokenizes.
+    make_rows = (rows.lines(tokenizer, seq_len, pack=mlm_args.pack_lines and rows.can_pack(raw))
+                 if mlm_args.line_by_line else rows.blocks(tokenizer, seq_len))
+    data = rows.from_text(raw, make_rows, seq_len, num_workers=data_args.preprocessing_num_workers,
+                          overwrite_cache=data_args.overwrite_cache, max_train_samples=data_args.max_train_samples,
+                          max_eval_samples=data_args.max_eval_samples)
+    train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 
     # Train: masked tokens predicted at their slots only.

@@ -30,12 +30,11 @@ def main(argv=None):
         ModelArgs, TextSourceArgs, DataArgs, QuestionAnsweringArgs, TrainingArgs, argv=argv, prog="run_qa.py",
         description=__doc__)
     from flaxlm.training import mesh as meshlib
-    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.objectives.mlm import resolve_seq_len
     from flaxlm.models import load_for_task, split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import (batch_sizes, check_model_type, export, model_execution, pretrain, start_run,
-                                 total_train_steps)
+    from flaxlm.training.pipeline import batch_sizes, check_model_type, export, model_execution, pretrain, start_run
     from flaxlm.data.squad import read_squad, squad_windows
     from flaxlm.tasks.squad_objective import predicted_answers, squad_objective
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
@@ -67,7 +66,7 @@ def main(argv=None):
         examples = read_squad(source.train_file, qa_args.version_2_with_negative, "train")
         rows, _ = squad_windows(examples[:data_args.max_train_samples], tokenizer, seq_len, qa_args.doc_stride)
         train_rows = ShuffledRows(rows, global_batch, args.seed)
-        total_steps = total_train_steps(args, train_rows, streaming=False)
+        total_steps = total_train_steps(args, train_rows)
     eval_windows = None
     if source.validation_file and args.do_eval:
         examples = read_squad(source.validation_file, qa_args.version_2_with_negative, "validation")

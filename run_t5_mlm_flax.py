@@ -25,10 +25,11 @@ def main(argv=None):
         ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, TrainingArgs, argv=argv,
         prog="run_t5_mlm_flax.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
-    from flaxlm.data.text import load_raw_text, tokenize_and_group
+    from flaxlm.data import rows
+    from flaxlm.data.text import load_raw_text
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
+    from flaxlm.training.pipeline import batch_sizes, export, load_model, pretrain, start_run
     from flaxlm.data.span_corruption import SpanCorruptor
     from flaxlm.objectives.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
@@ -53,13 +54,12 @@ def main(argv=None):
 
     # Text -> token chunks of the raw length -> the chunks of each step.
     raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
-    data = tokenize_and_group(raw, tokenizer, corruptor.raw_length,
-                              num_workers=data_args.preprocessing_num_workers,
-                              overwrite_cache=data_args.overwrite_cache,
-                              max_train_samples=data_args.max_train_samples,
-                              max_eval_samples=data_args.max_eval_samples)
-    train_rows, eval_rows, total_steps = training_rows(data, source.streaming, args, global_batch)
-    test_rows = held_out_rows(data, "test", source.streaming)
+    # Your own function may go here (a batch of texts in, int32 [n, raw_length] rows out); editing it re-tokenizes.
+    make_rows = rows.blocks(tokenizer, corruptor.raw_length)
+    data = rows.from_text(raw, make_rows, corruptor.raw_length, num_workers=data_args.preprocessing_num_workers,
+                          overwrite_cache=data_args.overwrite_cache, max_train_samples=data_args.max_train_samples,
+                          max_eval_samples=data_args.max_eval_samples)
+    train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 
     # Train: the decoder predicts each sentinel and the tokens its span replaced.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time text -> token rows: flaxlm's one-pass tokenize_and_group against Hugging Face's two datasets.map passes.
+"""Time text -> token rows: flaxlm's one-pass rows.from_text against Hugging Face's two datasets.map passes.
 
     python bench/data_pipeline.py                      # ../shared/data/no/norec_dev.txt, seq 128 and 512
     python bench/data_pipeline.py --file corpus.txt --seq_lengths 128 --workers 1 2 --hf_workers 2
@@ -8,8 +8,9 @@ One byte-level BPE tokenizer (flaxlm.tokenization.trainers.train_bpe, --vocab_si
 saved to a temp dir and loaded as run_mlm_flax.py loads it (flaxlm.tokenization.loading.load_tokenizer). Then, per
 sequence length:
 
-  ours: flaxlm.data.text.load_raw_text + tokenize_and_group(num_workers=N, overwrite_cache=True): one datasets.map
-        that tokenizes a batch of 1000 texts and cuts it into int32 blocks (the remainder dropped);
+  ours: flaxlm.data.text.load_raw_text + flaxlm.data.rows.from_text(rows.blocks, num_workers=N,
+        overwrite_cache=True): one datasets.map that tokenizes a batch of 1000 texts and cuts it into int32 blocks
+        (the remainder dropped);
   hf:   run_mlm_flax.py's way (transformers 4.x): datasets.map(tokenize_function, batched=True, num_proc=N,
         remove_columns=["text"]) with return_special_tokens_mask=True, then datasets.map(group_texts,
         batched=True, num_proc=N), group_texts concatenating every column of a batch of 1000 and cutting it
@@ -63,7 +64,7 @@ def measure(impl, workers, seq_len, tokenizer_dir, path, rows_out):
     import datasets
     import numpy as np
 
-    from flaxlm.data.text import as_numpy_rows, tokenize_and_group
+    from flaxlm.data.rows import as_numpy_rows, blocks, from_text
     from flaxlm.tokenization.loading import load_tokenizer
     datasets.disable_progress_bars()
     tokenizer = load_tokenizer(tokenizer_dir)
@@ -73,8 +74,8 @@ def measure(impl, workers, seq_len, tokenizer_dir, path, rows_out):
         load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         if impl == "ours":
-            rows = tokenize_and_group({"train": train}, tokenizer, seq_len, num_workers=workers,
-                                      overwrite_cache=True)["train"]
+            rows = from_text({"train": train}, blocks(tokenizer, seq_len), seq_len, num_workers=workers,
+                             overwrite_cache=True)["train"]
         else:
             rows = hf_rows(train, tokenizer, seq_len, workers)
         seconds = time.perf_counter() - t0
@@ -148,7 +149,7 @@ def main():
                 rows[impl, w] = os.path.join(tmp, f"{impl}-{w}-{L}.npy")
                 r = run_one(impl, w, L, tokenizer_dir, a.file, rows[impl, w])
                 results.append(r)
-                name = f"{'flaxlm tokenize_and_group' if impl == 'ours' else 'HF map + group_texts'}, {w} proc"
+                name = f"{'flaxlm rows.from_text' if impl == 'ours' else 'HF map + group_texts'}, {w} proc"
                 print(f"seq {L:4d}  {name:<32} {r['seconds']:7.2f} s  {r['rows']:7d} rows  "
                       f"{r['tokens_per_s']:>10,} tokens/s   (load_raw_text {r['load_s']:.2f} s, {r['texts']} texts)")
             by = {(r["impl"], r["workers"]): r for r in results if r["seq_len"] == L}

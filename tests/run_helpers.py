@@ -19,7 +19,7 @@ def assert_devices_match(objective, params, rows, tmp_path, steps=3, global_batc
     import numpy as np
     from flaxlm.training import mesh as meshlib
     from flaxlm.config.options import TrainingArgs
-    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.data.rows import ShuffledRows
     from flaxlm.models import decay_mask
     from flaxlm.training.optim import make_optimizer
     from flaxlm.training.run_log import RunLog
@@ -45,7 +45,7 @@ def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_st
     """main(args_for(out, *extra)) run straight for `steps` steps, then again with a simulated crash when the
     loop asks for step crash_step's rows, then resumed from the latest checkpoint: every step's loss of the
     crashed-and-resumed run equals the straight run's. args_for must give --save_steps dividing crash_step."""
-    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.data.rows import ShuffledRows
     main(args_for(tmp_path / "straight"))
     straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
     original = ShuffledRows.batch_rows

@@ -507,12 +507,14 @@ def test_a_line_longer_than_the_block_trains(env, tmp_path):
 def test_a_line_longer_than_the_block_makes_rows(script, env):
     """The masked-LM and T5 scripts cut the long line into blocks like any text (line by line: truncate it)."""
     from transformers import AutoTokenizer
-    from flaxlm.data.text import load_raw_text, tokenize_and_group
+    from flaxlm.data.rows import blocks, from_text, lines
+    from flaxlm.data.text import load_raw_text
     src = types.SimpleNamespace(dataset_name=None, dataset_config_name=None, train_file=[inp(env, "long_line.txt")],
                                 validation_file=None, text_column=None, streaming=False, cache_dir=None)
     tokenizer = AutoTokenizer.from_pretrained(getattr(env, MODEL_OF[script.split()[0]]))
     raw = load_raw_text(src, validation_split_percentage=0)
-    rows = tokenize_and_group(raw, tokenizer, 16, line_by_line="--line_by_line" in script)["train"]
+    make_rows = lines(tokenizer, 16, pack=False) if "--line_by_line" in script else blocks(tokenizer, 16)
+    rows = from_text(raw, make_rows, 16)["train"]
     assert rows[:]["input_ids"].shape == ((1, 16) if "--line_by_line" in script else (len(rows), 16))
     assert len(rows) == 1 if "--line_by_line" in script else len(rows) > 100
 

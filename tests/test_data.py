@@ -1,4 +1,4 @@
-"""flaxlm.data.text: loading text in every format, clear errors, and fixed-length token rows."""
+"""flaxlm.data.text: loading text in every format and clear errors; flaxlm.data.rows: fixed-length token rows."""
 import dataclasses
 import json
 import os
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from flaxlm.config.options import TextSourceArgs
-from flaxlm.data.text import as_numpy_rows, iter_rows, iter_texts, load_raw_text, tokenize_and_group, GROUP_BATCH
+from flaxlm.data.rows import GROUP_BATCH, as_numpy_rows, blocks, from_text, iter_rows, lines
+from flaxlm.data.text import iter_texts, load_raw_text
 from flaxlm.errors import UserError
 from flaxlm.tokenization.trainers import train_bpe
 
@@ -171,7 +172,7 @@ def expected_blocks(tokenizer, texts, length):
 def test_grouped_rows_are_the_concatenated_tokenization(tmp_path, tokenizer):
     texts = corpus(1500)  # two batches: the remainder is dropped per batch
     raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", texts)]), validation_split_percentage=0)
-    out = tokenize_and_group(raw, tokenizer, 32)
+    out = from_text(raw, blocks(tokenizer, 32), 32)
     rows = as_numpy_rows(out["train"])
     assert rows.dtype == np.int32 and rows.shape[1] == 32
     np.testing.assert_array_equal(rows, expected_blocks(tokenizer, texts, 32))
@@ -193,7 +194,7 @@ def test_workers_once_jax_runs_are_spawned_and_give_the_same_rows(tmp_path, toke
     method = multiprocess.get_start_method(allow_none=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*fork.*")
-        rows = as_numpy_rows(tokenize_and_group(raw, tokenizer, 32, num_workers=2, overwrite_cache=True)["train"])
+        rows = as_numpy_rows(from_text(raw, blocks(tokenizer, 32), 32, num_workers=2, overwrite_cache=True)["train"])
     halves = [expected_blocks(tokenizer, texts[:1250], 32), expected_blocks(tokenizer, texts[1250:], 32)]
     np.testing.assert_array_equal(rows, np.concatenate(halves))  # each worker groups its contiguous half
     assert multiprocess.get_start_method(allow_none=True) == method  # the start method is restored
@@ -202,7 +203,7 @@ def test_workers_once_jax_runs_are_spawned_and_give_the_same_rows(tmp_path, toke
 def test_max_samples_and_skip(tmp_path, tokenizer):
     raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", corpus(300))]),
                         validation_split_percentage=10)
-    out = tokenize_and_group(raw, tokenizer, 16, max_train_samples=7, max_eval_samples=3)
+    out = from_text(raw, blocks(tokenizer, 16), 16, max_train_samples=7, max_eval_samples=3)
     assert len(out["train"]) == 7 and len(out["validation"]) == 3
     np.testing.assert_array_equal(np.stack(list(iter_rows(out["train"], skip=5))), as_numpy_rows(out["train"])[5:])
 
@@ -210,7 +211,7 @@ def test_max_samples_and_skip(tmp_path, tokenizer):
 def test_line_by_line_pads_and_truncates(tmp_path, tokenizer):
     texts = ["sol regn", " ".join(WORDS * 3), "vind"]
     raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", texts)]), validation_split_percentage=0)
-    rows = as_numpy_rows(tokenize_and_group(raw, tokenizer, 12, line_by_line=True)["train"])
+    rows = as_numpy_rows(from_text(raw, lines(tokenizer, 12, pack=False), 12)["train"])
     assert rows.shape == (3, 12)
     ids = tokenizer(texts[0])["input_ids"]
     np.testing.assert_array_equal(rows[0], ids + [tokenizer.pad_token_id] * (12 - len(ids)))
@@ -221,38 +222,38 @@ def test_line_by_line_pads_and_truncates(tmp_path, tokenizer):
 def test_too_little_text_is_a_user_error(tmp_path, tokenizer):
     raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", TEXTS)]), validation_split_percentage=0)
     with pytest.raises(UserError, match="no full block of 512 tokens; lower --max_seq_length"):
-        tokenize_and_group(raw, tokenizer, 512)
+        from_text(raw, blocks(tokenizer, 512), 512)
 
 
 def test_cache_is_reused_and_overwrite_redoes_it(tmp_path, tokenizer):
     s = src(tmp_path, train_file=[write(tmp_path / "a.txt", corpus(400))])
-    first = tokenize_and_group(load_raw_text(s, validation_split_percentage=0), tokenizer, 16)["train"]
+    first = from_text(load_raw_text(s, validation_split_percentage=0), blocks(tokenizer, 16), 16)["train"]
     files = [f["filename"] for f in first.cache_files]
     assert files and all(os.path.isfile(f) for f in files)
     mtimes = [os.stat(f).st_mtime_ns for f in files]
     tokenizer(["sol"], truncation=True, max_length=4)  # changes the tokenizer's call state, not its identity
-    again = tokenize_and_group(load_raw_text(s, validation_split_percentage=0), tokenizer, 16)["train"]
+    again = from_text(load_raw_text(s, validation_split_percentage=0), blocks(tokenizer, 16), 16)["train"]
     assert again._fingerprint == first._fingerprint
     assert [f["filename"] for f in again.cache_files] == files
     assert [os.stat(f).st_mtime_ns for f in files] == mtimes  # read back, not rewritten
-    redone = tokenize_and_group(load_raw_text(s, validation_split_percentage=0), tokenizer, 16,
-                                overwrite_cache=True)["train"]
+    redone = from_text(load_raw_text(s, validation_split_percentage=0), blocks(tokenizer, 16), 16,
+                       overwrite_cache=True)["train"]
     assert [os.stat(f["filename"]).st_mtime_ns for f in redone.cache_files] != mtimes
     np.testing.assert_array_equal(as_numpy_rows(redone), as_numpy_rows(first))
-    other = tokenize_and_group(load_raw_text(s, validation_split_percentage=0), tokenizer, 8)["train"]
+    other = from_text(load_raw_text(s, validation_split_percentage=0), blocks(tokenizer, 8), 8)["train"]
     assert other._fingerprint != first._fingerprint
 
 
 @pytest.mark.parametrize("line_by_line", [False, True])
 def test_streaming_gives_the_same_rows(tmp_path, tokenizer, line_by_line):
     s = src(tmp_path, train_file=[write(tmp_path / "a.txt", corpus(2500))])
-    kw = dict(line_by_line=line_by_line)
-    eager = as_numpy_rows(tokenize_and_group(load_raw_text(s, 0), tokenizer, 24, **kw)["train"])
-    lazy = tokenize_and_group(load_raw_text(dataclasses.replace(s, streaming=True), 0), tokenizer, 24, **kw)["train"]
+    make_rows = lines(tokenizer, 24, pack=False) if line_by_line else blocks(tokenizer, 24)
+    eager = as_numpy_rows(from_text(load_raw_text(s, 0), make_rows, 24)["train"])
+    lazy = from_text(load_raw_text(dataclasses.replace(s, streaming=True), 0), make_rows, 24)["train"]
     np.testing.assert_array_equal(np.stack(list(lazy)), eager)
     np.testing.assert_array_equal(np.stack(list(iter_rows(lazy, skip=1234))), eager[1234:])  # resume
-    capped = tokenize_and_group(load_raw_text(dataclasses.replace(s, streaming=True), 0), tokenizer, 24,
-                                max_train_samples=1500, **kw)["train"]
+    capped = from_text(load_raw_text(dataclasses.replace(s, streaming=True), 0), make_rows, 24,
+                       max_train_samples=1500)["train"]
     np.testing.assert_array_equal(np.stack(list(capped)), eager[:1500])
 
 
@@ -261,7 +262,7 @@ def test_streaming_buffer_stays_bounded(tmp_path, tokenizer):
     peaks, totals = [], []
     for n in (2 * GROUP_BATCH, 10 * GROUP_BATCH):
         s = src(tmp_path, train_file=[write(tmp_path / f"{n}.txt", corpus(n))], streaming=True)
-        rows = tokenize_and_group(load_raw_text(s, 0), tokenizer, 32)["train"]
+        rows = from_text(load_raw_text(s, 0), blocks(tokenizer, 32), 32)["train"]
         totals.append(32 * sum(1 for _ in rows))
         peaks.append(rows.peak_buffered_tokens)
     assert totals[1] > 8 * peaks[1]  # the stream is far larger than what was ever held
@@ -273,7 +274,7 @@ def test_streaming_buffer_stays_bounded(tmp_path, tokenizer):
 def test_shared_text_blocks(shared_data, tmp_path, tokenizer):
     path = str(shared_data / "no" / "ud_bokmaal_texts_dev.txt")
     raw = load_raw_text(src(tmp_path, train_file=[path]), validation_split_percentage=5)
-    out = tokenize_and_group(raw, tokenizer, 64)
+    out = from_text(raw, blocks(tokenizer, 64), 64)
     assert set(out) == {"train", "validation"}
     texts = raw["train"]["text"][:]
     np.testing.assert_array_equal(as_numpy_rows(out["train"]), expected_blocks(tokenizer, texts, 64))

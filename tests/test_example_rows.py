@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from flaxlm.training import mesh as meshlib
-from flaxlm.data.batches import ShuffledRows, eval_batches
+from flaxlm.data.rows import ShuffledRows, eval_batches
 from flaxlm.training.loop import Objective, collect_predictions, eval_steps_for, evaluate
 
 

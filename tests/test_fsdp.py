@@ -33,7 +33,7 @@ def train_tiny(mode, out, steps=3, global_batch=16):
     """A tiny GPT-2 (width 64, vocab 1024: its matrices divide by 8) trained `steps` steps by the shared loop;
     (losses, final params)."""
     from flaxlm.config.options import TrainingArgs
-    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.data.rows import ShuffledRows
     from flaxlm.objectives.clm import clm_objective
     from flaxlm.models import create_model, decay_mask, split_model
     from flaxlm.training.optim import make_optimizer

@@ -12,7 +12,9 @@ from run_helpers import read_metrics
 from test_run_mlm import model_dir, run_args  # noqa: F401  (model_dir: a session fixture)
 from flaxlm.config.options import DataArgs, MaskedLMArgs, ModelArgs, TextSourceArgs, TrainingArgs
 from flaxlm.config.cli import parse_args
-from flaxlm.data.text import as_numpy_rows, load_raw_text, tokenize_and_group
+from flaxlm.data import rows as token_rows
+from flaxlm.data.rows import as_numpy_rows
+from flaxlm.data.text import load_raw_text
 from flaxlm.objectives.mlm import mlm_objective
 from flaxlm.data.mlm_masking import MLMMasker
 from flaxlm.models import create_model, merge_model, split_model
@@ -203,7 +205,7 @@ def tokenizer():
                      model_max_length=64)
 
 
-def test_tokenize_and_group_packs_lines_and_caches_packed_and_unpacked_apart(tmp_path, tokenizer):
+def test_line_rows_pack_and_cache_packed_and_unpacked_apart(tmp_path, tokenizer):
     rng = np.random.default_rng(1)
     lines = [" ".join(rng.choice(WORDS, rng.integers(1, 12))) for _ in range(300)]
     path = tmp_path / "a.txt"
@@ -211,8 +213,8 @@ def test_tokenize_and_group_packs_lines_and_caches_packed_and_unpacked_apart(tmp
                     encoding="utf-8")  # blank lines between some: skipped
     src = TextSourceArgs(train_file=[str(path)], cache_dir=str(tmp_path / "cache"))
     raw = load_raw_text(src, validation_split_percentage=0)
-    unpacked = tokenize_and_group(raw, tokenizer, 32, line_by_line=True)["train"]
-    packed_ds = tokenize_and_group(raw, tokenizer, 32, line_by_line=True, pack_lines=True)["train"]
+    unpacked = token_rows.from_text(raw, token_rows.lines(tokenizer, 32, pack=False), 32)["train"]
+    packed_ds = token_rows.from_text(raw, token_rows.lines(tokenizer, 32, pack=True), 32)["train"]
     assert packed_ds._fingerprint != unpacked._fingerprint  # the packing mode is part of the cache key
     ids_SL, packed = as_numpy_rows(unpacked), as_numpy_rows(packed_ds)
     assert ids_SL.shape == (300, 32) and set(packed) == {"input_ids", "segment_ids"}
@@ -221,10 +223,12 @@ def test_tokenize_and_group_packs_lines_and_caches_packed_and_unpacked_apart(tmp
     got = [ids_NL[n][seg_NL[n] == k].tolist() for n in range(len(ids_NL)) for k in range(1, seg_NL[n].max() + 1)]
     assert got == [row[row != tokenizer.pad_token_id].tolist() for row in ids_SL]  # each line as today, in order
     assert np.all(ids_NL[seg_NL == 0] == tokenizer.pad_token_id)
-    grouped = as_numpy_rows(tokenize_and_group(raw, tokenizer, 32, pack_lines=True)["train"])
-    np.testing.assert_array_equal(grouped, as_numpy_rows(tokenize_and_group(raw, tokenizer, 32)["train"]))
-    streamed = tokenize_and_group(load_raw_text(dataclasses.replace(src, streaming=True), 0), tokenizer, 32,
-                                  line_by_line=True, pack_lines=True)["train"]  # streams one line per row
+    blocks = token_rows.blocks(tokenizer, 32)  # packing applies to lines only
+    grouped = as_numpy_rows(token_rows.from_text(raw, blocks, 32)["train"])
+    np.testing.assert_array_equal(grouped, as_numpy_rows(token_rows.from_text(raw, blocks, 32)["train"]))
+    stream = load_raw_text(dataclasses.replace(src, streaming=True), 0)
+    streamed_lines = token_rows.lines(tokenizer, 32, pack=token_rows.can_pack(stream))  # a stream: one line per row
+    streamed = token_rows.from_text(stream, streamed_lines, 32)["train"]
     np.testing.assert_array_equal(np.stack(list(streamed)), ids_SL)
 
 
@@ -250,8 +254,8 @@ def test_run_mlm_line_by_line_end_to_end(model_dir, corpus, tmp_path, pack):  # 
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir)
     src = TextSourceArgs(train_file=[corpus["train"]], validation_file=[corpus["validation"]])
-    rows = as_numpy_rows(tokenize_and_group(load_raw_text(src), tok, 32, line_by_line=True,
-                                            pack_lines=pack)["validation"])
+    rows = as_numpy_rows(token_rows.from_text(load_raw_text(src), token_rows.lines(tok, 32, pack=pack),
+                                              32)["validation"])
     ids = rows["input_ids"] if pack else rows
     n = (~np.isin(ids, tok.all_special_ids)).sum(1)
     assert result["target_tokens"] == int(np.where(n > 0, np.maximum(1, np.rint(0.15 * n)), 0).sum())

@@ -20,7 +20,8 @@ import train_tokenizer
 from run_helpers import assert_devices_match, assert_resume_matches, read_metrics
 from flaxlm.training import mesh as meshlib
 from flaxlm.objectives.clm import clm_objective
-from flaxlm.data.text import load_raw_text, tokenize_and_group
+from flaxlm.data.rows import documents, from_text
+from flaxlm.data.text import load_raw_text
 from flaxlm.errors import UserError
 from flaxlm.models import MODELS, apply_model, create_model, split_model
 from flaxlm.models.hf_io import load_config, load_pretrained
@@ -147,7 +148,7 @@ def test_documents_and_line_breaks(tokenizer_dir, tmp_path):
     def flat(file, keep):
         raw = load_raw_text(SimpleNamespace(**vars(src), train_file=[str(tmp_path / file)]), 0,
                             keep_linebreaks=keep)
-        return tokenize_and_group(raw, tok, 1, document_eos=eos)["train"][:]["input_ids"].ravel().tolist()
+        return from_text(raw, documents(tok, 1, eos), 1)["train"][:]["input_ids"].ravel().tolist()
 
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     bos = tok.bos_token_id

@@ -27,12 +27,12 @@ STEPS = 12
 SLOW_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from flaxlm.data import batches
-original = batches.ShuffledRows.batch_rows
+from flaxlm.data import rows
+original = rows.ShuffledRows.batch_rows
 def slow(self, step, local):
     time.sleep(float(os.environ["SLOW_ROWS_S"]))
     return original(self, step, local)
-batches.ShuffledRows.batch_rows = slow
+rows.ShuffledRows.batch_rows = slow
 import run_clm_flax
 from flaxlm.errors import run_main
 run_main(lambda: run_clm_flax.main(sys.argv[1:]))
@@ -221,7 +221,7 @@ def poisoned(objective, bad_steps):
 def train_tiny(model_dir, corpus, out, bad_steps, **flags):
     from flaxlm.training import mesh as meshlib
     from flaxlm.config.options import TrainingArgs
-    from flaxlm.data.batches import ShuffledRows
+    from flaxlm.data.rows import ShuffledRows
     from flaxlm.objectives.clm import clm_objective
     from flaxlm.models import decay_mask, split_model
     from flaxlm.models.hf_io import load_config

@@ -137,14 +137,14 @@ def tokenizer_dir(tmp_path_factory, corpus):
 GATED_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from flaxlm.data import batches
-original = batches.ShuffledRows.batch_rows
+from flaxlm.data import rows
+original = rows.ShuffledRows.batch_rows
 def gated(self, step, local):
     log, t0 = os.environ["GATE_FILE"], time.time()
     while step == 2 and time.time() - t0 < 240 and not (os.path.exists(log) and open(log).read().strip()):
         time.sleep(0.1)
     return original(self, step, local)
-batches.ShuffledRows.batch_rows = gated
+rows.ShuffledRows.batch_rows = gated
 import train
 from flaxlm.errors import run_main
 run_main(lambda: train.main(sys.argv[1:]))

@@ -1,2 +1,3 @@
-"""Data: text in (text), token rows out, batches of rows per step (batches), and what each objective or task
-makes of rows (mlm_masking, span_corruption, packing, sentence_data, squad)."""
+"""Data: raw text in (text), token rows out and handed to the loop step by step (rows, keyed in the cache by the
+row function's code: fingerprint), and what each objective or task makes of rows (mlm_masking, span_corruption,
+packing, sentence_data, squad)."""

@@ -1,36 +1,22 @@
-"""Text in, fixed-length token rows out (shared by the masked-LM, T5 and causal-LM scripts).
+"""Raw text for the pretraining scripts: files or a hub dataset in, {split: dataset} with one column "text" out.
 
-    raw = load_raw_text(src)                       # {"train": Dataset, "validation": Dataset}, column "text"
-    rows = tokenize_and_group(raw, tokenizer, 512)  # {"train": Dataset}, column "input_ids", int32 [N, 512]
-    x = rows["train"][idx]["input_ids"]             # numpy int32 [len(idx), 512]
+    raw = load_raw_text(src)   # {"train": Dataset, "validation": Dataset}, one column "text"
 
-With line_by_line each non-blank line is one sequence (its own special tokens, truncated to the row length);
-with pack_lines too, several sequences share a row, numbered by a second column "segment_ids" (flaxlm.data.packing).
-
-Grouped mode packs text as Hugging Face's run_mlm_flax.py does: each text is tokenized with its
-special tokens (`<s> ... </s>`), a batch of 1000 texts is concatenated and cut into blocks, and the
-batch's remainder (< one block) is dropped. With --streaming the same rows come lazily from a
-StreamingRows object instead of a cached Dataset.
+With --streaming the splits are IterableDatasets. Turning the text into token rows is flaxlm.data.rows's.
 
 Text files must be UTF-8: a line that is not is an error naming the file and the line (and the iconv command
 that fixes it), raised when reading meets it (with --streaming that may be well into training). Nothing is
 skipped silently: a corpus with bad bytes is usually in another encoding, and skipping would drop it all.
 """
 import contextlib
-import functools
 import glob
-import itertools
-import json
 import logging
 import os
-import sys
 
 import datasets
 import numpy as np
-from datasets.fingerprint import Hasher
 
 from flaxlm.errors import UserError, decode_utf8_line
-from flaxlm.data.packing import fill_rows, greedy_pack, one_per_row
 
 # extension -> (datasets builder, builder options); .gz/.bz2/.xz/.zst around any of them work too
 BUILDERS = {
@@ -40,13 +26,7 @@ BUILDERS = {
     ".parquet": ("parquet", {}),
 }
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
-GROUP_BATCH = 1000  # texts concatenated per block-cutting step (Hugging Face's default map batch)
-_CACHE_VERSION = 1  # bump when the row-making code changes meaning, to invalidate old caches
 _TEXT_FILES = []  # (flag, files) read by the last load_raw_text: where to look when text turns out not UTF-8
-
-
-# ---------------------------------------------------------------------------------------------
-# raw text
 
 
 def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, keep_linebreaks: bool = False,
@@ -300,196 +280,3 @@ def hold_out(ds, percentage, seed, where):
     n_val = min(n - 1, max(1, round(n * percentage / 100)))
     is_val[np.random.default_rng(seed).choice(n, n_val, replace=False)] = True
     return ds.select(np.flatnonzero(~is_val)), ds.select(np.flatnonzero(is_val))
-
-
-# ---------------------------------------------------------------------------------------------
-# token rows
-
-
-def tokenize_and_group(raw: dict, tokenizer, max_seq_length: int, *, line_by_line=False, pack_lines=False,
-                       document_eos=None, num_workers=None, overwrite_cache=False, max_train_samples=None,
-                       max_eval_samples=None) -> dict:
-    """{split: rows}: every row exactly max_seq_length int32 token ids.
-
-    Grouped (default): texts tokenized with special tokens, concatenated per batch of 1000 texts,
-    cut into blocks; each batch's remainder is dropped (as Hugging Face does; with num_workers the
-    batches start afresh at each worker's shard). line_by_line: one row per non-blank line,
-    truncated and right-padded with the pad id; with pack_lines, those lines packed greedily in order
-    into rows (flaxlm.data.packing: the last row of each batch of 1000 texts may be short), and a column
-    "segment_ids" numbers the lines of each row 1, 2, ... (0 = padding). Datasets come back cached by
-    `datasets` (keyed by the text's fingerprint, the tokenizer and the settings; overwrite_cache redoes
-    it) and in numpy format: ds[idx]["input_ids"] is int32 [len(idx), L]. IterableDatasets give
-    StreamingRows (which do not pack lines: one row per line). max_*_samples keep the first rows.
-
-    document_eos (the causal-LM mode): a text that does not end in a line break is a whole document,
-    tokenized with the tokenizer's special tokens and ending in the id document_eos; lines that keep
-    their line breaks (--keep_linebreaks) run on as one text, as in the file, without special tokens.
-    """
-    if line_by_line and tokenizer.pad_token_id is None:
-        raise UserError("the tokenizer has no pad token, which --line_by_line needs; add one or drop --line_by_line")
-    pack_lines = bool(line_by_line and pack_lines)
-    if pack_lines and any(isinstance(ds, datasets.IterableDataset) for ds in raw.values()):
-        pack_lines = False
-        print("note: --streaming makes one row per line (packing lines into rows needs a cached dataset: drop "
-              "--streaming to pack them)", flush=True)
-    make = functools.partial(_make_rows, tokenizer=tokenizer, max_seq_length=max_seq_length,
-                             line_by_line=line_by_line, document_eos=document_eos, pack_lines=pack_lines)
-    limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
-    out = {}
-    for split, ds in raw.items():
-        if isinstance(ds, datasets.IterableDataset):
-            rows = StreamingRows(ds, make, max_seq_length, max_rows=limits.get(split))
-            empty = next(iter(rows), None) is None
-        else:
-            rows = _map_rows(ds, make, tokenizer, max_seq_length, (line_by_line, document_eos, pack_lines),
-                             num_workers, overwrite_cache)
-            if limits.get(split) is not None:
-                rows = rows.select(range(min(limits[split], len(rows))))
-            empty = len(rows) == 0
-        if empty:
-            raise UserError(f"the {split} text yields no full block of {max_seq_length} tokens; "
-                            f"lower --max_seq_length or add text")
-        out[split] = rows
-    return out
-
-
-def as_numpy_rows(ds):
-    """All rows of a tokenized Dataset as one int32 [N, L] array, or for packed lines a dict of two:
-    {"input_ids": [N, L], "segment_ids": [N, L]} (the training loop takes either)."""
-    columns = ds.with_format("numpy", dtype=np.int32)[:]
-    if "segment_ids" in ds.column_names:
-        return {k: np.asarray(columns[k], dtype=np.int32) for k in ("input_ids", "segment_ids")}
-    return np.asarray(columns["input_ids"], dtype=np.int32)
-
-
-def iter_rows(rows, skip: int = 0):
-    """Rows (int32 [L] arrays) from tokenized data, starting after `skip` rows (for a resumed run)."""
-    if isinstance(rows, StreamingRows):
-        yield from rows.iter_rows(skip)
-        return
-    for start in range(skip, len(rows), GROUP_BATCH):
-        yield from rows[start:start + GROUP_BATCH]["input_ids"]
-
-
-def _encode(tokenizer, texts, add_special_tokens=True, **kw):
-    if not texts:
-        return []
-    return tokenizer(texts, add_special_tokens=add_special_tokens, return_attention_mask=False,
-                     return_token_type_ids=False, verbose=False, **kw)["input_ids"]
-
-
-def _encode_documents(tokenizer, texts, eos):
-    """Token ids of each text: a line that keeps its line break runs on (no special tokens); any other text is
-    a whole document, framed as the tokenizer frames a text (GPT-2: nothing, OPT: </s> first, Llama: <s>
-    first, our BPE: <s> ... </s>; the way generate.py encodes a prompt) and ending in eos."""
-    runs_on = [t.endswith(("\n", "\r")) for t in texts]
-    lines = iter(_encode(tokenizer, [t for t, r in zip(texts, runs_on) if r], add_special_tokens=False))
-    docs = iter(_encode(tokenizer, [t for t, r in zip(texts, runs_on) if not r]))
-    out = []
-    for r in runs_on:
-        x = next(lines) if r else next(docs)
-        out.append(x if r or (x and x[-1] == eos) else x + [eos])
-    return out
-
-
-def _make_rows(texts, tokenizer, max_seq_length, line_by_line, document_eos=None, pack_lines=False):
-    """int32 [n, L] rows from one batch of texts; packed lines give {"input_ids", "segment_ids"}, [n, L] each."""
-    if line_by_line:
-        lines = [line for t in texts for line in t.splitlines() if line.strip()]
-        ids = _encode(tokenizer, lines, truncation=True, max_length=max_seq_length)
-        lengths_S = np.fromiter(map(len, ids), np.int64, len(ids))
-        row_S, start_S = greedy_pack(lengths_S, max_seq_length) if pack_lines else one_per_row(len(ids))
-        rows, segment_ids = fill_rows(ids, row_S, start_S, max_seq_length, tokenizer.pad_token_id)
-        return {"input_ids": rows, "segment_ids": segment_ids} if pack_lines else rows
-    ids = _encode(tokenizer, texts) if document_eos is None else _encode_documents(tokenizer, texts, document_eos)
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, sum(map(len, ids)))
-    n = len(flat) // max_seq_length
-    return flat[: n * max_seq_length].reshape(n, max_seq_length)
-
-
-def _rows_batch(batch, make):
-    rows = make(batch["text"])
-    return rows if isinstance(rows, dict) else {"input_ids": rows}
-
-
-def _tokenizer_hash(tokenizer):
-    """Stable identity of a tokenizer (its tokenizer.json without the call-time truncation/padding state)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return Hasher.hash(tokenizer)
-    spec = json.loads(backend.to_str())
-    spec["truncation"] = spec["padding"] = None
-    return Hasher.hash(json.dumps(spec, sort_keys=True))
-
-
-def _map_rows(ds, make, tokenizer, max_seq_length, mode, num_workers, overwrite_cache):
-    line_by_line, document_eos, pack_lines = mode
-    fingerprint = Hasher.hash([ds._fingerprint, _tokenizer_hash(tokenizer), max_seq_length, line_by_line,
-                               document_eos, pack_lines, GROUP_BATCH, _CACHE_VERSION])
-    row = datasets.List(datasets.Value("int32"), length=max_seq_length)
-    features = datasets.Features({"input_ids": row, **({"segment_ids": row} if pack_lines else {})})
-    mode = "packed lines" if pack_lines else "one row per line" if line_by_line else "blocks"
-    with spawned_workers(num_workers):
-        rows = ds.map(_rows_batch, fn_kwargs={"make": make}, batched=True, batch_size=GROUP_BATCH,
-                      remove_columns=ds.column_names, features=features, num_proc=num_workers,
-                      load_from_cache_file=not overwrite_cache, new_fingerprint=fingerprint,
-                      desc=f"Tokenizing into {mode} of {max_seq_length}")
-    return rows.with_format("numpy", dtype=np.int32)
-
-
-@contextlib.contextmanager
-def spawned_workers(num_workers):
-    """Once JAX is running (the scripts have it by then), datasets.map(num_proc=N) starts its N worker
-    processes with 'spawn' (fresh interpreters) inside this block instead of fork: forking a process with
-    JAX's threads can deadlock, and JAX warns of it on every fork. A spawned worker takes a few seconds
-    longer to start. Before JAX has started, workers are forked as usual."""
-    if not num_workers or num_workers < 2 or not _jax_started():
-        yield
-        return
-    import multiprocess  # datasets' multiprocessing (dill-based)
-    before = multiprocess.get_start_method(allow_none=True)
-    multiprocess.set_start_method("spawn", force=True)
-    try:
-        yield
-    finally:
-        multiprocess.set_start_method(before, force=True)
-
-
-def _jax_started():
-    """True once JAX has created its backends (and its threads); True as well where JAX cannot tell."""
-    if "jax" not in sys.modules:
-        return False
-    try:
-        from jax._src import xla_bridge
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):
-        return True
-
-
-class StreamingRows:
-    """Fixed-length rows made lazily from a streaming text dataset, in the grouped/line mode of `make`.
-
-    Host memory stays flat: one batch of GROUP_BATCH texts and its rows are held at a time
-    (`peak_buffered_tokens` records the most row tokens held at once; a block's cut-off remainder
-    adds less than one row). Iterating again restarts the stream.
-    A resumed run passes the rows it already used: iter_rows(skip=n) re-reads and re-tokenizes the
-    text before that point but yields nothing from it, so the rows that follow are the same.
-    """
-
-    def __init__(self, ds, make, max_seq_length, max_rows=None):
-        self.ds, self.make, self.max_seq_length, self.max_rows = ds, make, max_seq_length, max_rows
-        self.peak_buffered_tokens = 0
-
-    def __iter__(self):
-        return self.iter_rows()
-
-    def iter_rows(self, skip: int = 0):
-        seen = 0  # rows made so far, skipped or not
-        for texts in iter_texts(self.ds, GROUP_BATCH):
-            if self.max_rows is not None and seen >= self.max_rows:
-                return
-            rows = self.make(texts)
-            self.peak_buffered_tokens = max(self.peak_buffered_tokens, rows.size)
-            end = len(rows) if self.max_rows is None else min(len(rows), self.max_rows - seen)
-            yield from rows[max(0, skip - seen):end]
-            seen += len(rows)

@@ -21,7 +21,7 @@ import optax
 from tqdm.auto import tqdm
 
 from flaxlm.training import mesh as meshlib
-from flaxlm.data.batches import StreamRows, eval_batches, num_rows
+from flaxlm.data.rows import StreamedRows, eval_batches, num_rows
 from flaxlm.training.checkpoint import Checkpointer, check_room, restore_for_resume
 from flaxlm.training.divergence import NonFiniteSteps, apply_if_finite
 from flaxlm.errors import UserError
@@ -255,7 +255,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         log.write(done, "train", row)
         bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row.get('tokens_per_s', 0):.0f}")
         if row.get("data_share", 0) > DATA_SHARE_NOTE:
-            _say(f"step {done}: {describe_data_share(row, isinstance(train_rows, StreamRows))}")
+            _say(f"step {done}: {describe_data_share(row, isinstance(train_rows, StreamedRows))}")
         pending, timed, t_mark, data_s = [], 0, time.perf_counter(), 0.0
 
     try:

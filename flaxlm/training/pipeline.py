@@ -1,13 +1,7 @@
 """Steps every pretraining script shares between its options and its training loop."""
-import itertools
 import os
 
-import numpy as np
-
 from flaxlm.errors import UserError
-
-MATERIALIZE_BYTES = 2 << 30  # token rows up to this size are held in memory as one numpy array
-STREAM_EVAL_ROWS = 10_000  # validation rows taken from a stream when --max_eval_samples is not set
 
 
 SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "run_t5_mlm_flax.py",
@@ -75,17 +69,6 @@ def batch_sizes(args, mesh):
     return micro, evals, micro * args.gradient_accumulation_steps
 
 
-def training_rows(data, streaming, args, global_batch):
-    """(train rows by step, validation rows or None, total steps) from tokenize_and_group's output."""
-    from flaxlm.data.batches import ShuffledRows, StreamRows
-    train_source, eval_rows = train_and_eval_rows(data, streaming)
-    if streaming:
-        train_rows = StreamRows(train_source, global_batch)
-    else:
-        train_rows = ShuffledRows(train_source, global_batch, args.seed)
-    return train_rows, eval_rows, total_train_steps(args, train_rows, streaming)
-
-
 def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
              eval_batch, test_rows=None):
     """The optimizer (weight decay off for biases and norms), the run log and the training loop over
@@ -126,45 +109,3 @@ def export(args, model_args, config, params, tokenizer, load_with):
     if args.push_to_hub:
         push_to_hub(out, args.hub_model_id or os.path.basename(os.path.abspath(out)),
                     args.hub_token or model_args.token)
-
-
-def train_and_eval_rows(data, streaming):
-    """(train rows or stream opener, validation rows as numpy or None) from tokenize_and_group's output."""
-    from flaxlm.data.text import as_numpy_rows, iter_rows
-    if streaming:
-        train = data["train"]
-
-        def open_stream(skip):
-            first = True
-            while True:  # epochs over the stream; a resumed run starts `skip` rows in
-                got = False
-                for row in iter_rows(train, skip=skip if first else 0):
-                    got = True
-                    yield row
-                if not got and not first:
-                    raise UserError("the training stream yields no rows; check --train_file / --dataset_name")
-                first = False
-        return open_stream, held_out_rows(data, "validation", streaming)
-    train = data["train"]
-    if len(train) * len(train[0]["input_ids"]) * 4 <= MATERIALIZE_BYTES:
-        train = as_numpy_rows(train)
-    return train, held_out_rows(data, "validation", streaming)
-
-
-def held_out_rows(data, split, streaming):
-    """The rows of the validation or test split as one numpy array (a stream's first STREAM_EVAL_ROWS), or None."""
-    from flaxlm.data.text import as_numpy_rows, iter_rows
-    rows = data.get(split)
-    if rows is None:
-        return None
-    if streaming:
-        return np.stack(list(itertools.islice(iter_rows(rows), STREAM_EVAL_ROWS)))
-    return as_numpy_rows(rows)
-
-
-def total_train_steps(args, train_rows, streaming):
-    if args.max_steps and args.max_steps > 0:
-        return args.max_steps
-    if streaming:
-        raise UserError("--streaming needs --max_steps (a stream has no known length)")
-    return max(1, int(train_rows.steps_per_epoch * args.num_train_epochs))
