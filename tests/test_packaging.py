@@ -2,6 +2,7 @@
 and the installed package imports on its own, away from the clone."""
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,8 +18,12 @@ def as_pin(text):
 
 
 def test_wheel_holds_the_package_and_the_pins(tmp_path):
+    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info next to pyproject.toml
+    shutil.copytree(ROOT / "flaxlm", source / "flaxlm", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "requirements.txt"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
+                    str(tmp_path), str(source)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
     (wheel,) = tmp_path.glob("flaxlm-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
