@@ -10,10 +10,6 @@ MATERIALIZE_BYTES = 2 << 30  # token rows up to this size are held in memory as 
 STREAM_EVAL_ROWS = 10_000  # validation rows taken from a stream when --max_eval_samples is not set
 
 
-SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "run_t5_mlm_flax.py",
-              "gpt2": "run_clm_flax.py", "opt": "run_clm_flax.py", "llama": "run_clm_flax.py"}
-
-
 def start_run(args, model_args):
     """What every training script does first: join the other hosts of a multi-host run, check --output_dir
     (flaxlm.training.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access."""
@@ -30,15 +26,15 @@ def start_run(args, model_args):
 def load_model(model_args, seed, model_types, script):
     """(config, model): continued from --model_name_or_path, or new from --config_name; the config's
     model_type must be one of model_types (those `script` trains)."""
-    from flaxlm.models import create_model
-    from flaxlm.models.hf_io import load_config, load_pretrained
+    from flaxlm.models import create_model, load_config, load_pretrained
+    from flaxlm.models.registry import FAMILIES
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
         raise UserError("no model given; pass --config_name DIR (write one with create_config.py) to train from "
                         "scratch, or --model_name_or_path DIR to continue a Hugging Face checkpoint")
     config = load_config(path)
     if config.model_type not in model_types:
-        other = SCRIPT_FOR.get(config.model_type)
+        other = FAMILIES[config.model_type].script if config.model_type in FAMILIES else None
         hint = f"use {other}" if other else f"use a {' or '.join(model_types)} config"
         raise UserError(f"{path} holds a {config.model_type} model but {script} trains {', '.join(model_types)}; "
                         f"{hint}")
@@ -115,7 +111,7 @@ def export(args, model_args, config, params, tokenizer, load_with):
     """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format to
     --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job)."""
     from flaxlm.training import mesh as meshlib
-    from flaxlm.models.hf_io import save_pretrained
+    from flaxlm.models import save_pretrained
     from flaxlm.training.output_dir import push_to_hub
     if not meshlib.is_main_process() or args.eval_checkpoints:
         return
