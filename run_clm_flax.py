@@ -31,7 +31,7 @@ def main(argv=None):
     from flaxlm.training import mesh as meshlib
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
     from flaxlm.data.text import load_raw_text, tokenize_and_group
-    from flaxlm.models import CAUSAL_LM_TYPES, split_model
+    from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import batch_sizes, export, held_out_rows, load_model, pretrain, start_run, training_rows
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
@@ -41,7 +41,7 @@ def main(argv=None):
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, model_types=CAUSAL_LM_TYPES, script="run_clm_flax.py")
+    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py")
     check_fits(tokenizer, config)
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "

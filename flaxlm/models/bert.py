@@ -394,7 +394,8 @@ def _family(model_type, name, prefix, max_length):
     heads = {"sequence_classification": Head(BertForSequenceClassification, f"{prefix}ForSequenceClassification",
                                              ("pooler", "classifier")),
              "question_answering": Head(BertForQuestionAnswering, f"{prefix}ForQuestionAnswering", ("qa_outputs",))}
-    return Family(model_type, name, BertForMaskedLM, tensor_names, normalize, f"{prefix}ForMaskedLM", PRESETS,
+    return Family(model_type=model_type, name=name, model=BertForMaskedLM, tensor_names=tensor_names,
+                  normalize=normalize, architecture=f"{prefix}ForMaskedLM", presets=PRESETS,
                   script="run_mlm_flax.py", max_length=max_length,
                   tie_word_embeddings=lambda config: True,  # the MLM decoder is the word embeddings
                   fresh_head="mlm_head", heads=heads, head_tensor_names=head_tensor_names,

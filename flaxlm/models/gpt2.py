@@ -135,5 +135,6 @@ PRESETS = {
     "gpt2-tiny": {**_GPT2, **_shape(64, 2, 2), "vocab_size": 1024, "n_positions": 256},
 }
 
-GPT2 = Family("gpt2", "GPT-2", GPT2LMHeadModel, tensor_names, normalize, "GPT2LMHeadModel", PRESETS,
-              script="run_clm_flax.py", max_length=lambda config: config.n_positions)
+GPT2 = Family(model_type="gpt2", name="GPT-2", model=GPT2LMHeadModel, tensor_names=tensor_names, normalize=normalize,
+              architecture="GPT2LMHeadModel", presets=PRESETS, script="run_clm_flax.py",
+              max_length=lambda config: config.n_positions)

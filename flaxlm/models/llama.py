@@ -216,5 +216,6 @@ PRESETS = {
     "llama-tiny": {**_LLAMA, **_shape(64, 2, 4, 2, 176), "vocab_size": 1024, "max_position_embeddings": 256},
 }
 
-LLAMA = Family("llama", "Llama", LlamaForCausalLM, tensor_names, normalize, "LlamaForCausalLM", PRESETS,
-               script="run_clm_flax.py", max_length=lambda config: config.max_position_embeddings)
+LLAMA = Family(model_type="llama", name="Llama", model=LlamaForCausalLM, tensor_names=tensor_names, normalize=normalize,
+               architecture="LlamaForCausalLM", presets=PRESETS, script="run_clm_flax.py",
+               max_length=lambda config: config.max_position_embeddings)

@@ -180,5 +180,6 @@ PRESETS = {
                       "max_position_embeddings": 256},
 }
 
-OPT = Family("opt", "OPT", OPTForCausalLM, tensor_names, normalize, "OPTForCausalLM", PRESETS,
-             script="run_clm_flax.py", max_length=lambda config: config.max_position_embeddings)
+OPT = Family(model_type="opt", name="OPT", model=OPTForCausalLM, tensor_names=tensor_names, normalize=normalize,
+             architecture="OPTForCausalLM", presets=PRESETS, script="run_clm_flax.py",
+             max_length=lambda config: config.max_position_embeddings)

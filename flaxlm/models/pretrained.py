@@ -54,7 +54,6 @@ def load_pretrained(path, dtype="float32", *, seed=0, execution=None):
     """
     path = hf_io.resolve_dir(path)
     config = hf_io.load_config(path)
-    family_of(config)
     return config, _load(path, config, dtype, seed, None, execution)
 
 

@@ -413,5 +413,6 @@ PRESETS = {
     "t5-tiny": {**_T5_ORIGINAL, **_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
 }
 
-T5 = Family("t5", "T5", T5ForConditionalGeneration, tensor_names, normalize, "T5ForConditionalGeneration", PRESETS,
-            script="run_t5_mlm_flax.py", tie_word_embeddings=ties_embeddings)
+T5 = Family(model_type="t5", name="T5", model=T5ForConditionalGeneration, tensor_names=tensor_names,
+            normalize=normalize, architecture="T5ForConditionalGeneration", presets=PRESETS,
+            script="run_t5_mlm_flax.py", tie_word_embeddings=ties_embeddings)  # relative positions: no max_length

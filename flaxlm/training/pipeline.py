@@ -23,11 +23,12 @@ def start_run(args, model_args):
         check_hub_access(args.hub_token or model_args.token)
 
 
-def load_model(model_args, seed, model_types, script):
+def load_model(model_args, seed, script):
     """(config, model): continued from --model_name_or_path, or new from --config_name; the config's
-    model_type must be one of model_types (those `script` trains)."""
+    model_type must be one of the families `script` trains (Family.script)."""
     from flaxlm.models import create_model, load_config, load_pretrained
     from flaxlm.models.registry import FAMILIES
+    model_types = [model_type for model_type, family in FAMILIES.items() if family.script == script]
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
         raise UserError("no model given; pass --config_name DIR (write one with create_config.py) to train from "
