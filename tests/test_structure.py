@@ -1,6 +1,6 @@
 """The package's shape: imports run one way between its subpackages and never in a cycle, functions stay short,
 hf_io is about file formats only, and each model family lives in one file. Read from the source (ast), nothing is
-run, but for the model registry the last test reads."""
+run but the model registry test_each_family_lives_in_one_file reads."""
 import ast
 import pathlib
 import sys
