@@ -14,11 +14,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flaxlm.config.options import ConfigArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
-from flaxlm.models.hf_io import save_config  # noqa: E402
+from flaxlm.models import abstract_model, count_params, save_config  # noqa: E402
 from flaxlm.files import check_writable_dir  # noqa: E402
 from flaxlm.tokenization.loading import has_tokenizer, load_tokenizer  # noqa: E402
-from flaxlm.models.presets import PRESETS, build_config, count_params, get_preset, human, parse_overrides  # noqa: E402
+from flaxlm.models.presets import PRESETS, build_config, get_preset, human, parse_overrides  # noqa: E402
 
+
+def size(config):
+    """'125M': the parameters of the model `config` describes (built abstractly, nothing allocated); '?' when
+    config.json describes no model flaxlm can build."""
+    try:
+        return human(count_params(abstract_model(config)[1]))
+    except UserError:
+        return "?"
 
 
 def list_presets():
@@ -26,7 +34,7 @@ def list_presets():
         config = build_config(name)
         decoder = getattr(config, "num_decoder_layers", None)
         layers = f"{config.num_hidden_layers}+{decoder}" if decoder else f"{config.num_hidden_layers}"
-        print(f"{name:20s} {config.model_type:10s} {human(count_params(config)):>6s} params  "
+        print(f"{name:20s} {config.model_type:10s} {size(config):>6s} params  "
               f"hidden {config.hidden_size}, layers {layers}, "
               f"heads {config.num_attention_heads}, vocab {config.vocab_size}")
 
@@ -62,7 +70,7 @@ def main(argv=None):
     config = build_config(args.preset, tokenizer, overrides)
     save_config(args.output_dir, config)
     source = "tokenizer" if tokenizer is not None else "--set"
-    print(f"wrote {config_path}: preset {args.preset} ({config.model_type}, {human(count_params(config))} params), "
+    print(f"wrote {config_path}: preset {args.preset} ({config.model_type}, {size(config)} params), "
           f"vocab_size {config.vocab_size} from {source}")
 
 

@@ -30,7 +30,7 @@ def main(argv=None):
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
     from flaxlm.data import rows
     from flaxlm.data.text import load_raw_text
-    from flaxlm.models import CAUSAL_LM_TYPES, split_model
+    from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import batch_sizes, export, load_model, pretrain, start_run
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
@@ -40,7 +40,7 @@ def main(argv=None):
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, model_types=CAUSAL_LM_TYPES, script="run_clm_flax.py")
+    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py")
     check_fits(tokenizer, config)
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "

@@ -59,7 +59,7 @@ def env(tmp_path_factory, corpus):
     e.gen = str(root / "gen")  # a causal LM export for generate.py
     shutil.copytree(e.gpt2, e.gen)
     from flaxlm.models import create_model, load_config, split_model
-    from flaxlm.models.hf_io import save_pretrained
+    from flaxlm.models import save_pretrained
     config = load_config(e.gen)
     save_pretrained(e.gen, config, split_model(create_model(config))[1])
 

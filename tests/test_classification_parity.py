@@ -11,7 +11,6 @@ import transformers
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from flaxlm.models import hf_io
 from test_bert_parity import batch, randomize, tiny_config
 
 AUTO = {"sequence_classification": transformers.AutoModelForSequenceClassification,
@@ -58,7 +57,7 @@ def test_hf_to_flaxlm(tmp_path, model_type, task):
 
 @pytest.mark.parametrize("model_type,task", CASES)
 def test_flaxlm_to_hf(tmp_path, model_type, task):
-    config = hf_io.task_config(tiny_config(model_type), task, id2label={0: "neg", 1: "neu", 2: "pos"})
+    config = models.task_config(tiny_config(model_type), task, id2label={0: "neg", 1: "neu", 2: "pos"})
     graphdef, params = models.split_model(models.create_model(config, seed=1, task=task))
     params = randomize(params, seed=1)
     models.save_pretrained(tmp_path, config, params)
@@ -76,7 +75,7 @@ def test_flaxlm_to_hf(tmp_path, model_type, task):
 
 def test_regression_head_and_classifier_dropout(tmp_path):
     """num_labels 1 + problem_type regression round-trips; the head's dropout acts only with a key."""
-    config = hf_io.task_config(tiny_config("roberta", classifier_dropout=0.5), "sequence_classification",
+    config = models.task_config(tiny_config("roberta", classifier_dropout=0.5), "sequence_classification",
                                num_labels=1, problem_type="regression")
     graphdef, params = models.split_model(models.create_model(config, task="sequence_classification"))
     models.save_pretrained(tmp_path, config, params)
@@ -97,7 +96,7 @@ def test_load_for_task_from_pretraining_checkpoints(tmp_path, caplog):
     config = tiny_config("bert")
     mlm = transformers.BertForMaskedLM(config)
     mlm.save_pretrained(tmp_path / "mlm")
-    with caplog.at_level(logging.WARNING, logger="flaxlm.models.hf_io"):
+    with caplog.at_level(logging.WARNING, logger="flaxlm.models.convert"):
         cfg, model = models.load_for_task(tmp_path / "mlm", "sequence_classification", num_labels=4, seed=3)
     assert "dropped the pretraining head" in caplog.text and "pooler / classifier weights" in caplog.text
     params = models.split_model(model)[1]
@@ -113,12 +112,12 @@ def test_load_for_task_from_pretraining_checkpoints(tmp_path, caplog):
     np.testing.assert_array_equal(np.asarray(models.split_model(model)[1]["pooler"]["kernel"]),
                                   base.pooler.dense.weight.detach().numpy().T)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="flaxlm.models.hf_io"):
+    with caplog.at_level(logging.WARNING, logger="flaxlm.models.convert"):
         _, qa = models.load_for_task(tmp_path / "base", "question_answering")
     assert "dropped the checkpoint's pooler" in caplog.text and "pooler" not in models.split_model(qa)[1]
 
     # only config.json: a fresh model
-    hf_io.save_config(tmp_path / "scratch", tiny_config("roberta"))
+    models.save_config(tmp_path / "scratch", tiny_config("roberta"))
     cfg, model = models.load_for_task(tmp_path / "scratch", "sequence_classification", id2label={0: "a", 1: "b"})
     assert cfg.label2id == {"a": 0, "b": 1} and model(jnp.asarray(batch(cfg)[0])).shape == (2, 2)
 
@@ -132,7 +131,7 @@ def test_load_for_task_errors(tmp_path):
     with pytest.raises(UserError, match=r"unexpected tensor\(s\) classifier.dense.bias"):
         models.load_for_task(tmp_path / "cls3", "question_answering")  # another task's head is not dropped
     gpt2 = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32)
-    hf_io.save_config(tmp_path / "gpt2", gpt2)
+    models.save_config(tmp_path / "gpt2", gpt2)
     with pytest.raises(UserError, match="needs a BERT or RoBERTa model, not model_type 'gpt2'"):
         models.load_for_task(tmp_path / "gpt2", "question_answering")
     with pytest.raises(UserError, match="unknown task 'ner'"):

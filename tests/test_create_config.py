@@ -8,11 +8,18 @@ import sys
 import pytest
 import transformers
 
+from flaxlm import models
 from flaxlm.errors import UserError
+from flaxlm.models.presets import PRESETS, build_config, parse_overrides
 from flaxlm.models.t5 import ties_embeddings
-from flaxlm.models.presets import PRESETS, build_config, count_params, parse_overrides
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def count_params(config):
+    """Parameters of the model `config` describes, built abstractly."""
+    return models.count_params(models.abstract_model(config)[1])
+
 
 HF_SHAPES = {  # from the Hugging Face hub config.json files
     "roberta-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,

@@ -12,7 +12,6 @@ from safetensors.numpy import save_file
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from flaxlm.models import hf_io
 
 CASES = {
     "tied": {},
@@ -80,7 +79,7 @@ def test_hf_to_flaxlm(tmp_path, case):
     mine = -float(jnp.take_along_axis(logp, jnp.asarray(ids[:1, 1:])[..., None], axis=-1).mean())
     assert mine == pytest.approx(theirs, abs=1e-5)
     # the names we write are the ones transformers writes (a tied head is not saved)
-    written = hf_io.to_hf_state_dict(loaded, models.split_model(model)[1])
+    written = models.to_hf_state_dict(loaded, models.split_model(model)[1])
     expected = {k for k in hf.state_dict() if not k.endswith(".attn.bias")}
     if loaded.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -138,19 +137,19 @@ def test_hub_style_bare_checkpoint_with_buffers(tmp_path):
 
 def test_strict_loading():
     config = tiny_config()
-    tensors = hf_io.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
     missing = {k: v for k, v in tensors.items() if k != "transformer.h.1.mlp.c_fc.bias"}
     with pytest.raises(UserError, match=r"missing tensor\(s\) transformer.h.1.mlp.c_fc.bias"):
-        hf_io.from_hf_state_dict(config, missing)
+        models.from_hf_state_dict(config, missing)
     with pytest.raises(UserError, match=r"unexpected tensor\(s\) transformer.h.9.ln_1.weight"):
-        hf_io.from_hf_state_dict(config, {**tensors, "transformer.h.9.ln_1.weight": np.ones(32, np.float32)})
+        models.from_hf_state_dict(config, {**tensors, "transformer.h.9.ln_1.weight": np.ones(32, np.float32)})
     bad = {**tensors, "transformer.h.0.attn.c_attn.weight": np.zeros((32, 95), np.float32)}
     with pytest.raises(UserError, match=r"transformer.h.0.attn.c_attn.weight has shape \(32, 95\) but config.json "
                                         r"implies \(32, 96\)"):
-        hf_io.from_hf_state_dict(config, bad)
+        models.from_hf_state_dict(config, bad)
     untied_head = {**tensors, "lm_head.weight": tensors["transformer.wte.weight"] + 1}
     with pytest.raises(UserError, match="lm_head.weight differs from transformer.wte.weight"):
-        hf_io.from_hf_state_dict(config, untied_head)
+        models.from_hf_state_dict(config, untied_head)
 
 
 def test_dropout_and_bf16():

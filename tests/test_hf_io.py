@@ -13,7 +13,6 @@ from safetensors.numpy import save_file
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from flaxlm.models import hf_io
 
 
 def tiny_config(model_type="bert", **overrides):
@@ -41,7 +40,7 @@ def test_names_match_transformers_save_pretrained(tmp_path, model_type):
     config = tiny_config(model_type)
     transformers.AutoModelForMaskedLM.from_config(config).save_pretrained(tmp_path / "hf")
     hf_keys, _ = saved_keys(tmp_path / "hf")
-    ours = hf_io.to_hf_state_dict(config, our_params(config))
+    ours = models.to_hf_state_dict(config, our_params(config))
     assert {k: v.shape for k, v in ours.items()} == hf_keys
     assert all(v.dtype == np.float32 for v in ours.values())
 
@@ -76,7 +75,7 @@ def test_bare_encoder_checkpoint_gets_fresh_head(tmp_path, caplog):
     config = tiny_config("bert")
     base = transformers.BertModel(config)  # keys without "bert.", with pooler.dense.*, no MLM head
     base.save_pretrained(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="flaxlm.models.hf_io"):
+    with caplog.at_level(logging.WARNING, logger="flaxlm.models.convert"):
         _, model = models.load_pretrained(tmp_path)
     assert "no masked-LM head" in caplog.text and "pooler.dense.weight" in caplog.text
     params = models.split_model(model)[1]
@@ -89,7 +88,7 @@ def test_older_checkpoint_conventions_accepted():
     """gamma/beta LayerNorm names, saved buffers, a tied decoder copy, decoder.bias, the NSP head."""
     config = tiny_config("bert")
     params = our_params(config, seed=1)
-    tensors = hf_io.to_hf_state_dict(config, params)
+    tensors = models.to_hf_state_dict(config, params)
     old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
            for k, v in tensors.items()}
     old["bert.embeddings.position_ids"] = np.arange(64)[None]
@@ -97,41 +96,41 @@ def test_older_checkpoint_conventions_accepted():
     old["cls.predictions.decoder.bias"] = old.pop("cls.predictions.bias")
     old["cls.seq_relationship.weight"] = np.zeros((2, 32), np.float32)
     old["cls.seq_relationship.bias"] = np.zeros((2,), np.float32)
-    assert_same(hf_io.from_hf_state_dict(config, old), params)
+    assert_same(models.from_hf_state_dict(config, old), params)
 
     old["cls.predictions.decoder.weight"] = old["cls.predictions.decoder.weight"] + 1.0
     with pytest.raises(UserError, match="cls.predictions.decoder.weight"):
-        hf_io.from_hf_state_dict(config, old)
+        models.from_hf_state_dict(config, old)
 
 
 def test_half_precision_tensors_become_float32():
     config = tiny_config("roberta")
-    tensors = {k: v.astype(np.float16) for k, v in hf_io.to_hf_state_dict(config, our_params(config)).items()}
-    params = hf_io.from_hf_state_dict(config, tensors)
+    tensors = {k: v.astype(np.float16) for k, v in models.to_hf_state_dict(config, our_params(config)).items()}
+    params = models.from_hf_state_dict(config, tensors)
     assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))
 
 
 def test_missing_extra_and_misshapen_tensors():
     config = tiny_config("bert")
-    tensors = hf_io.to_hf_state_dict(config, our_params(config))
+    tensors = models.to_hf_state_dict(config, our_params(config))
 
     missing = dict(tensors)
     del missing["bert.encoder.layer.1.attention.self.key.weight"]
     with pytest.raises(UserError, match=r"missing tensor\(s\) bert.encoder.layer.1.attention.self.key.weight"):
-        hf_io.from_hf_state_dict(config, missing)
+        models.from_hf_state_dict(config, missing)
 
     extra = {**tensors, "bert.encoder.layer.2.output.dense.bias": np.zeros(32, np.float32)}
     with pytest.raises(UserError, match=r"unexpected tensor\(s\) bert.encoder.layer.2.output.dense.bias"):
-        hf_io.from_hf_state_dict(config, extra)
+        models.from_hf_state_dict(config, extra)
 
     bad = {**tensors, "bert.encoder.layer.0.intermediate.dense.weight": np.zeros((36, 32), np.float32)}
     with pytest.raises(UserError, match=r"bert.encoder.layer.0.intermediate.dense.weight has shape \(36, 32\) "
                                         r"but config.json implies \(37, 32\)"):
-        hf_io.from_hf_state_dict(config, bad)
+        models.from_hf_state_dict(config, bad)
 
     roberta = tiny_config("roberta")  # a BERT checkpoint under a RoBERTa config.json
     with pytest.raises(UserError, match="missing tensor"):
-        hf_io.from_hf_state_dict(roberta, tensors)
+        models.from_hf_state_dict(roberta, tensors)
 
 
 def test_pickle_checkpoint_read_safely(tmp_path):
@@ -195,7 +194,7 @@ def test_missing_weights(tmp_path):
 
 def test_missing_or_invalid_config(tmp_path):
     config = tiny_config()
-    save_file(hf_io.to_hf_state_dict(config, our_params(config)), str(tmp_path / "model.safetensors"))
+    save_file(models.to_hf_state_dict(config, our_params(config)), str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match="no config.json"):
         models.load_pretrained(tmp_path)
     with pytest.raises(UserError, match="no config.json"):
@@ -232,8 +231,8 @@ def test_torch_state_dict_matches_ours():
     torch.manual_seed(0)
     hf = transformers.AutoModelForMaskedLM.from_config(config)
     sd = {k: v.numpy() for k, v in hf.state_dict().items()}
-    params = hf_io.from_hf_state_dict(config, sd)
-    back = hf_io.to_hf_state_dict(config, params)
+    params = models.from_hf_state_dict(config, sd)
+    back = models.to_hf_state_dict(config, params)
     for k, v in back.items():
         np.testing.assert_array_equal(v, sd[k])
     assert set(sd) - set(back) <= {"lm_head.decoder.weight", "lm_head.decoder.bias"}

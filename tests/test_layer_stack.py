@@ -171,5 +171,5 @@ def test_cudnn_attention_off_gpu_is_one_clear_error(tmp_path):
     (model_args,) = parse_args(ModelArgs, argv=["--config_name", str(tmp_path), "--dtype", "bfloat16",
                                                 "--attention_implementation", "cudnn"])
     with pytest.raises(UserError) as e:  # the scripts' path: flags -> load_model -> create_model
-        load_model(model_args, seed=0, model_types=("gpt2",), script="run_clm_flax.py")
+        load_model(model_args, seed=0, script="run_clm_flax.py")
     assert str(e.value) == "--attention_implementation cudnn needs an NVIDIA GPU; use auto or xla"

@@ -11,7 +11,7 @@ import transformers
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from flaxlm.models import hf_io
+from flaxlm.models import llama
 from flaxlm.models.llama import inverse_frequencies
 
 # name -> LlamaConfig overrides of BASE
@@ -106,7 +106,7 @@ def test_hf_to_flaxlm(tmp_path, case):
     assert our_loss(ours, ids, mask) == pytest.approx(theirs, abs=1e-5)
     # our names and shapes are the ones transformers writes; RoPE frequencies are its buffers'
     params = models.split_model(model)[1]
-    assert {k: v.shape for k, v in hf_io.to_hf_state_dict(loaded_config, params).items()} == saved_keys(tmp_path)
+    assert {k: v.shape for k, v in models.to_hf_state_dict(loaded_config, params).items()} == saved_keys(tmp_path)
     np.testing.assert_allclose(np.asarray(model.inv_freq, np.float32), hf.model.rotary_emb.inv_freq.numpy(),
                                rtol=2e-7, atol=0)  # torch's float32 pow may differ by an ulp
 
@@ -173,7 +173,7 @@ def test_names_and_tree_layout():
     assert params["lm_head"]["kernel"].shape == (32, 99)
     tied = models.split_model(models.create_model(tiny_config("mha-tied")))[1]
     assert "lm_head" not in tied and "bias" not in tied["layers"]["0"]["mlp"]["up_proj"]
-    names = [hf for hf, _, _ in hf_io.llama_names(config)]
+    names = [hf for hf, _, _ in llama.tensor_names(config)]
     assert len(names) == len(set(names)) == len(jax.tree.leaves(params))
     # initialization like Hugging Face's: normal(initializer_range), zero biases, unit norms; norms not decayed
     assert float(params["layers"]["0"]["mlp"]["gate_proj"]["kernel"].std()) == pytest.approx(0.02, rel=0.2)
@@ -187,11 +187,11 @@ def test_names_and_tree_layout():
 def test_strict_loading():
     config = tiny_config("gqa-untied")
     params = models.split_model(models.create_model(config))[1]
-    tensors = hf_io.to_hf_state_dict(config, params)
+    tensors = models.to_hf_state_dict(config, params)
 
     def fails(tensors, pattern, config=config):
         with pytest.raises(UserError, match=pattern) as e:
-            hf_io.from_hf_state_dict(config, tensors)
+            models.from_hf_state_dict(config, tensors)
         assert "\n" not in str(e.value)
 
     missing = dict(tensors)
@@ -213,14 +213,14 @@ def test_old_and_bare_checkpoints_accepted():
     a tied copy of the embeddings as lm_head.weight are accepted."""
     config = tiny_config("mha-tied")
     params = models.split_model(models.create_model(config, seed=4))[1]
-    tensors = hf_io.to_hf_state_dict(config, params)
+    tensors = models.to_hf_state_dict(config, params)
     inv_freq = np.zeros(4, np.float32)
     bare = {k.removeprefix("model."): v for k, v in tensors.items()}
     bare.update({"layers.0.self_attn.rotary_emb.inv_freq": inv_freq, "rotary_emb.inv_freq": inv_freq,
                  "lm_head.weight": tensors["model.embed_tokens.weight"]})
-    jax.tree.map(np.testing.assert_array_equal, hf_io.from_hf_state_dict(config, bare), jax.tree.map(np.asarray, params))
+    jax.tree.map(np.testing.assert_array_equal, models.from_hf_state_dict(config, bare), jax.tree.map(np.asarray, params))
     torch_sd = {k: v.numpy() for k, v in transformers.LlamaForCausalLM(config).state_dict().items()}
-    assert set(hf_io.from_hf_state_dict(config, torch_sd)) == set(params)
+    assert set(models.from_hf_state_dict(config, torch_sd)) == set(params)
 
 
 def test_config_errors():

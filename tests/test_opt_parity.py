@@ -11,7 +11,7 @@ import transformers
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from flaxlm.models import hf_io
+from flaxlm.models import opt
 
 CASES = {
     "pre_ln": dict(),  # opt-125m-like
@@ -106,7 +106,7 @@ def test_hf_to_flaxlm(tmp_path, case):
     check_loss(model, hf, config)
     # our names are the ones transformers writes
     params = models.split_model(model)[1]
-    assert {k: v.shape for k, v in hf_io.to_hf_state_dict(loaded_config, params).items()} == saved_keys(tmp_path)
+    assert {k: v.shape for k, v in models.to_hf_state_dict(loaded_config, params).items()} == saved_keys(tmp_path)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -198,7 +198,7 @@ def test_names_and_tree_layout():
     for case in CASES:
         config = tiny_config(case)
         params = models.split_model(models.create_model(config))[1]
-        names = [hf for hf, _, _ in hf_io.opt_names(config)]
+        names = [hf for hf, _, _ in opt.tensor_names(config)]
         assert len(names) == len(set(names)) == len(jax.tree.leaves(params))
         assert models.create_model(config).max_positions == 40
 
@@ -206,11 +206,11 @@ def test_names_and_tree_layout():
 def test_strict_loading_and_bare_checkpoints():
     config = tiny_config("pre_ln")
     params = models.split_model(models.create_model(config))[1]
-    tensors = hf_io.to_hf_state_dict(config, params)
+    tensors = models.to_hf_state_dict(config, params)
 
     def fails(tensors, pattern, config=config):
         with pytest.raises(UserError, match=pattern) as e:
-            hf_io.from_hf_state_dict(config, tensors)
+            models.from_hf_state_dict(config, tensors)
         assert "\n" not in str(e.value)
 
     missing = dict(tensors)
@@ -228,7 +228,7 @@ def test_strict_loading_and_bare_checkpoints():
     # a bare OPTModel checkpoint ('decoder.' names) with a tied lm_head copy: accepted, the same parameters
     bare = {k.removeprefix("model."): v for k, v in tensors.items()}
     bare["lm_head.weight"] = tensors["model.decoder.embed_tokens.weight"]
-    jax.tree.map(np.testing.assert_array_equal, hf_io.from_hf_state_dict(config, bare),
+    jax.tree.map(np.testing.assert_array_equal, models.from_hf_state_dict(config, bare),
                  jax.tree.map(np.asarray, params))
 
 
@@ -267,7 +267,7 @@ def test_initialization_like_hf():
     """Normal(init_std) weights with the pad row zeroed, zero biases, unit norms: Hugging Face's _init_weights."""
     config = transformers.OPTConfig(vocab_size=512, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                                     ffn_dim=192, max_position_embeddings=256, word_embed_proj_dim=48, init_std=0.05)
-    params = hf_io.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    params = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
     torch.manual_seed(0)
     ref = {k: v.numpy() for k, v in transformers.OPTForCausalLM(config).state_dict().items()}
     assert set(params) <= set(ref)

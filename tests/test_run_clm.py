@@ -23,8 +23,7 @@ from flaxlm.objectives.clm import clm_objective
 from flaxlm.data.rows import documents, from_text
 from flaxlm.data.text import load_raw_text
 from flaxlm.errors import UserError
-from flaxlm.models import MODELS, apply_model, create_model, split_model
-from flaxlm.models.hf_io import load_config, load_pretrained
+from flaxlm.models import MODELS, apply_model, create_model, load_config, load_pretrained, split_model
 from flaxlm.training.loop import evaluate
 
 

@@ -75,7 +75,7 @@ def test_end_to_end_export_loads_in_transformers(model_dir, corpus, tmp_path):
     assert len(guesses) == 5
     # the export computes what we computed: the exported eval loss equals ours for the same batch
     config = load_config(str(out))
-    from flaxlm.models.hf_io import load_pretrained
+    from flaxlm.models import load_pretrained
     _, ours = load_pretrained(str(out))
     ids = np.asarray(tok(["The for statement is used to iterate."], padding="max_length", max_length=16)["input_ids"])
     with torch.no_grad():

@@ -15,8 +15,7 @@ import train_tokenizer
 from run_helpers import assert_resume_matches, read_metrics
 from flaxlm.training import mesh as meshlib
 from flaxlm.errors import UserError
-from flaxlm.models import create_model, split_model
-from flaxlm.models.hf_io import load_config, load_pretrained
+from flaxlm.models import create_model, load_config, load_pretrained, split_model
 from flaxlm.data.span_corruption import SpanCorruptor
 from flaxlm.objectives.span_lm import span_objective
 from flaxlm.training.loop import evaluate

@@ -3,7 +3,7 @@ an exported model is safetensors only.
 
 The source checks read every module of the package and every script (their syntax trees, not their text), so
 a call that loads a pickle, or a trust_remote_code=True default, fails here where it is added. That the one
-PyTorch reader (flaxlm/models/torch_weights.py) refuses a pickle that runs code is tested in test_hf_io.py.
+PyTorch reader (flaxlm/models/hf_io.py) refuses a pickle that runs code is tested in test_hf_io.py.
 """
 import ast
 import glob
@@ -48,7 +48,7 @@ def _is_true(node):
 
 def test_sources_are_found():
     names = {os.path.relpath(p, REPO) for p in SOURCES}
-    assert {"run_mlm_flax.py", "flaxlm/data.py", "flaxlm/models/hf_io.py", "flaxlm/models/torch_weights.py"} <= names
+    assert {"run_mlm_flax.py", "flaxlm/data/text.py", "flaxlm/models/hf_io.py"} <= names
 
 
 def test_no_pickle_loading():
@@ -64,16 +64,16 @@ def test_no_pickle_loading():
             bad.append(f"{where}:{line} {name} with a pickle-allowing keyword")
         if name in ("yaml.load", "yaml.unsafe_load", "yaml.full_load", "yaml.load_all"):
             bad.append(f"{where}:{line} {name} (use yaml.safe_load)")
-        if name == "torch.load" and (where != os.path.join("flaxlm", "models", "torch_weights.py")
+        if name == "torch.load" and (where != os.path.join("flaxlm", "models", "hf_io.py")
                                      or not _is_true(keywords.get("weights_only"))):
             bad.append(f"{where}:{line} torch.load outside the safe reader or without weights_only=True")
     assert not bad, bad
 
 
 def test_pickle_reader_is_only_for_pytorch_bin_files():
-    from flaxlm.models import hf_io, torch_weights
-    assert torch_weights.PICKLE_WEIGHTS == "pytorch_model.bin"
-    assert "weights_only=True" in inspect.getsource(torch_weights.read_pickle_checkpoint)
+    from flaxlm.models import hf_io
+    assert hf_io.PICKLE_WEIGHTS == "pytorch_model.bin"
+    assert "weights_only=True" in inspect.getsource(hf_io.read_pickle_checkpoint)
     # the hub download takes config, safetensors and json files only: never a pickle
     patterns = inspect.signature(hf_io.resolve_dir).parameters["allow_patterns"].default
     assert not any(p.endswith(PICKLE_SUFFIXES) or p in ("*", "*.*") for p in patterns)
@@ -107,7 +107,7 @@ def test_scripts_pass_the_flag_to_the_tokenizer():
 def test_export_is_safetensors_only(tmp_path):
     """What the training scripts export: config.json, model.safetensors and the tokenizer's json files."""
     from flaxlm.models import create_model, split_model
-    from flaxlm.models.hf_io import load_pretrained
+    from flaxlm.models import load_pretrained
     from flaxlm.training.pipeline import export
     from flaxlm.models.presets import build_config
     from flaxlm.tokenization.trainers import train_bpe

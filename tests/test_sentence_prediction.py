@@ -225,7 +225,7 @@ def test_objective_losses_match_hugging_face_definitions():
     """Mean cross-entropy over examples (classification), mean squared error (regression, one output)."""
     import torch
     from flaxlm import models
-    from flaxlm.models.hf_io import task_config
+    from flaxlm.models import task_config
     from test_bert_parity import batch, tiny_config  # initializer_range 0.2: logits far from 0
     for regression in (False, True):
         config = task_config(tiny_config("roberta"), "sequence_classification", num_labels=1 if regression else 3)

@@ -1,7 +1,9 @@
 """The package's shape: imports run one way between its subpackages and never in a cycle, functions stay short,
-and hf_io is about file formats only. Read from the source (ast), nothing is run."""
+hf_io is about file formats only, and each model family lives in one file. Read from the source (ast), nothing is
+run but the model registry test_each_family_lives_in_one_file reads."""
 import ast
 import pathlib
+import sys
 
 import pytest
 
@@ -96,6 +98,15 @@ def test_hf_io_is_about_files_only():
     assert len(MODULES["flaxlm.models.hf_io"].read_text(encoding="utf-8").splitlines()) < MAX_HF_IO_LINES
     assert all(subpackage(m) in ("errors", "files") or m in ("flaxlm.models.hf_io",)
                for m in GRAPH["flaxlm.models.hf_io"]), GRAPH["flaxlm.models.hf_io"]
+
+
+def test_each_family_lives_in_one_file():
+    """A family's model, name map, normalize function and presets are defined in one module (its Family's)."""
+    from flaxlm.models.registry import FAMILIES
+    for family in FAMILIES.values():
+        module = sys.modules[family.model.__module__]
+        assert family.tensor_names.__module__ == family.normalize.__module__ == module.__name__, family.model_type
+        assert any(value is family.presets for value in vars(module).values()), family.model_type
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in ROOT.glob("*.py")))

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from flaxlm import models
 from flaxlm.errors import UserError
 from flaxlm.training.flops import encoder_decoder_train_flops
-from flaxlm.models import hf_io
+from flaxlm.models import t5
 from flaxlm.models.t5 import relative_buckets, shift_right, t5_attention, ties_embeddings
 
 # name -> (feed_forward_proj, tie_word_embeddings, num_layers, num_decoder_layers)
@@ -112,7 +112,7 @@ def test_hf_to_flaxlm(tmp_path, case):
     assert mine == pytest.approx(theirs, abs=1e-5)
     # our names are the ones transformers writes
     params = models.split_model(model)[1]
-    assert {k: v.shape for k, v in hf_io.to_hf_state_dict(loaded_config, params).items()} == saved_keys(tmp_path)
+    assert {k: v.shape for k, v in models.to_hf_state_dict(loaded_config, params).items()} == saved_keys(tmp_path)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -152,7 +152,7 @@ def test_transformers5_tied_v1_1_checkpoint(tmp_path, caplog):
     hf = transformers.T5ForConditionalGeneration(config).eval()
     hf.save_pretrained(tmp_path)
     assert "lm_head.weight" not in saved_keys(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="flaxlm.models.hf_io"):
+    with caplog.at_level(logging.WARNING, logger="flaxlm.models.convert"):
         _, model = models.load_pretrained(tmp_path)
     assert "no lm_head.weight" in caplog.text
     ids, mask, dec_ids, dec_mask, _ = batch(config)
@@ -173,7 +173,7 @@ def test_names_and_tree_layout():
     assert params["lm_head"]["kernel"].shape == (32, 99)
     original = models.split_model(models.create_model(tiny_config("original")))[1]
     assert "lm_head" not in original and set(original["encoder"]["layers"]["1"]["mlp"]) == {"wi", "wo"}
-    names = [hf for hf, _, _ in hf_io.t5_names(config)]
+    names = [hf for hf, _, _ in t5.tensor_names(config)]
     assert len(names) == len(set(names)) == len(jax.tree.leaves(params))
     assert sum("relative_attention_bias" in n for n in names) == 2  # one per stack, in block 0
 
@@ -302,7 +302,7 @@ def test_initialization_like_hf():
     """Each tensor's init std is Hugging Face's _init_weights' (initializer_factor-scaled normals, norms = factor)."""
     config = transformers.T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=192, num_layers=1, num_heads=8,
                                    feed_forward_proj="gated-gelu", tie_word_embeddings=False, initializer_factor=0.7)
-    params = hf_io.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    params = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
     torch.manual_seed(0)
     ref = {k: v.numpy() for k, v in transformers.T5ForConditionalGeneration(config).state_dict().items()}
     for name, x in params.items():
@@ -316,11 +316,11 @@ def test_initialization_like_hf():
 def test_strict_loading():
     config = tiny_config("v1_1")
     params = models.split_model(models.create_model(config))[1]
-    tensors = hf_io.to_hf_state_dict(config, params)
+    tensors = models.to_hf_state_dict(config, params)
 
     def fails(tensors, pattern):
         with pytest.raises(UserError, match=pattern) as e:
-            hf_io.from_hf_state_dict(config, tensors)
+            models.from_hf_state_dict(config, tensors)
         assert "\n" not in str(e.value)
 
     missing = dict(tensors)
@@ -335,10 +335,10 @@ def test_strict_loading():
     fails({**tensors, "encoder.embed_tokens.weight": tensors["shared.weight"] + 1}, "differs from shared.weight")
     # a v1.1 checkpoint under an original-T5 config.json: its own LM head cannot be tied
     with pytest.raises(UserError, match="lm_head.weight differs from shared.weight.*tie_word_embeddings"):
-        hf_io.from_hf_state_dict(tiny_config("original"), tensors)
+        models.from_hf_state_dict(tiny_config("original"), tensors)
     no_head = {k: v for k, v in tensors.items() if k != "lm_head.weight"}  # then the FFN names differ
     with pytest.raises(UserError, match=r"missing tensor\(s\) decoder.block.0.layer.2.DenseReluDense.wi.weight"):
-        hf_io.from_hf_state_dict(tiny_config("original"), no_head)
+        models.from_hf_state_dict(tiny_config("original"), no_head)
 
 
 def test_tied_copies_and_unused_tensors_accepted():
@@ -346,13 +346,13 @@ def test_tied_copies_and_unused_tensors_accepted():
     cross-attention position bias: all dropped after checking."""
     config = tiny_config("original")
     params = models.split_model(models.create_model(config, seed=4))[1]
-    tensors = hf_io.to_hf_state_dict(config, params)
+    tensors = models.to_hf_state_dict(config, params)
     old = {**tensors, "encoder.embed_tokens.weight": tensors["shared.weight"],
            "decoder.embed_tokens.weight": tensors["shared.weight"], "lm_head.weight": tensors["shared.weight"],
            "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight": np.zeros((8, 4), np.float32)}
-    jax.tree.map(np.testing.assert_array_equal, hf_io.from_hf_state_dict(config, old), jax.tree.map(np.asarray, params))
+    jax.tree.map(np.testing.assert_array_equal, models.from_hf_state_dict(config, old), jax.tree.map(np.asarray, params))
     torch_sd = {k: v.numpy() for k, v in transformers.T5ForConditionalGeneration(config).state_dict().items()}
-    assert set(hf_io.from_hf_state_dict(config, torch_sd)) == set(params)
+    assert set(models.from_hf_state_dict(config, torch_sd)) == set(params)
 
 
 def test_create_model_errors():

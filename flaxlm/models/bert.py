@@ -1,16 +1,32 @@
-"""BERT and RoBERTa: the post-LayerNorm encoder (BertEncoder) and the masked-LM model on it (+ tied MLM head).
+"""BERT and RoBERTa, two families (model_type bert, roberta) in one file: the post-LayerNorm encoder (BertEncoder),
+the masked-LM model on it (+ tied MLM head) and the fine-tuning heads on it.
 
 One module serves both, configured by a transformers BertConfig / RobertaConfig. RoBERTa differs only in
 its position ids (counted from pad_token_id + 1, skipping padding) and in its head always using exact GELU.
 Parameters are float32; computation runs in `dtype`; LayerNorm statistics and logits are float32.
-The fine-tuning heads (sequence classification, question answering) build on BertEncoder in bert_heads.py.
+
+The fine-tuning heads compute what Hugging Face's models compute; each returns float32, dropout_key=None is eval:
+    BertForSequenceClassification: logits [B, num_labels] from the first token ([CLS] / <s>):
+        BERT     pooler (dense, tanh) -> dropout -> classifier                  (BertForSequenceClassification)
+        RoBERTa  dropout -> pooler (dense, tanh) -> dropout -> classifier       (RobertaClassificationHead)
+      Our `pooler` is RoBERTa's classifier.dense and `classifier` its classifier.out_proj (head_tensor_names).
+      The encoder's last layer computes only the first token (the only row the head reads).
+    BertForQuestionAnswering: start and end logits [B, L] from one dense layer over every token (qa_outputs).
+
+Below the models: their Hugging Face tensor names and how older or bare checkpoints are read, the presets, and
+the two Family entries.
 """
+import re
+
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
+from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefixed, with_prefix
 from flaxlm.models.layer_stack import Execution, run_layers
-from flaxlm.models.layers import LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key
+from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, embed,
+                                  fold_key)
 
 
 def roberta_position_ids(ids_BL, pad_id):
@@ -40,13 +56,10 @@ def gather_rows(x_BLD, positions_BP):
 
 class Embeddings(nnx.Module):
     def __init__(self, config, dtype, rngs):
-        def embed(n):
-            return nnx.Embed(n, config.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
-                             embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
-
-        self.word = embed(config.vocab_size)
-        self.position = embed(config.max_position_embeddings)
-        self.token_type = embed(config.type_vocab_size)
+        D, std = config.hidden_size, config.initializer_range
+        self.word = embed(config.vocab_size, D, std, rngs)
+        self.position = embed(config.max_position_embeddings, D, std, rngs)
+        self.token_type = embed(config.type_vocab_size, D, std, rngs)
         self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps, rngs)
         self.roberta_positions = config.model_type == "roberta"
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -204,3 +217,192 @@ class BertForMaskedLM(BertEncoder):
     def head(self):
         """The MLM head's decoder: the word embeddings (tied) and the output bias."""
         return LMHead(self.embeddings.word.embedding[...], True, self.dtype, self.mlm_head.bias[...])
+
+
+def classifier_dropout(config):
+    """Hugging Face's rate for the head: config.classifier_dropout, else hidden_dropout_prob."""
+    rate = getattr(config, "classifier_dropout", None)
+    return config.hidden_dropout_prob if rate is None else rate
+
+
+class BertForSequenceClassification(BertEncoder):
+    """The encoder with BERT's or RoBERTa's sequence-classification head (see the module docstring)."""
+
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
+        D, std = config.hidden_size, config.initializer_range
+        self.pooler = dense(D, D, self.dtype, std, rngs)
+        self.classifier = dense(D, config.num_labels, jnp.float32, std, rngs)
+        self.dropout_rate = classifier_dropout(config)
+        self.dropout_first = config.model_type == "roberta"
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None):
+        """float32 logits [B, num_labels] (one column for regression)."""
+        first_B1 = jnp.zeros((input_ids_BL.shape[0], 1), jnp.int32)
+        x_BD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, fold_key(dropout_key, 0),
+                           first_B1)[:, 0]
+        if self.dropout_first:
+            x_BD = dropout(x_BD, self.dropout_rate, fold_key(dropout_key, 1))
+        pooled_BD = jnp.tanh(self.pooler(x_BD))
+        pooled_BD = dropout(pooled_BD, self.dropout_rate, fold_key(dropout_key, 2))
+        return self.classifier(pooled_BD.astype(jnp.float32))
+
+
+class BertForQuestionAnswering(BertEncoder):
+    """The encoder with a question-answering head: start and end logits of every token."""
+
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
+        self.qa_outputs = dense(config.hidden_size, 2, jnp.float32, config.initializer_range, rngs)
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None):
+        """float32 (start_logits_BL, end_logits_BL)."""
+        x_BLD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, dropout_key)
+        B, L, D = x_BLD.shape
+        logits_BL2 = self.qa_outputs(x_BLD.reshape(B * L, D).astype(jnp.float32)).reshape(B, L, 2)
+        return logits_BL2[..., 0], logits_BL2[..., 1]
+
+
+def _prefix(config):
+    return "roberta." if config.model_type == "roberta" else "bert."
+
+
+def encoder_tensor_names(config):
+    """Tensor names of the BERT / RoBERTa encoder (under bert. / roberta.) -> our parameter paths."""
+    p = _prefix(config)
+    names = [
+        (f"{p}embeddings.word_embeddings.weight", ("embeddings", "word", "embedding"), "copy"),
+        (f"{p}embeddings.position_embeddings.weight", ("embeddings", "position", "embedding"), "copy"),
+        (f"{p}embeddings.token_type_embeddings.weight", ("embeddings", "token_type", "embedding"), "copy"),
+    ]
+    add_norm(names, f"{p}embeddings.LayerNorm", ("embeddings", "norm"))
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"{p}encoder.layer.{i}.", ("layers", str(i))
+        for proj in ("query", "key", "value"):
+            add_linear(names, f"{hf}attention.self.{proj}", (*ours, "attn", proj))
+        add_linear(names, f"{hf}attention.output.dense", (*ours, "attn", "out"))
+        add_norm(names, f"{hf}attention.output.LayerNorm", (*ours, "attn_norm"))
+        add_linear(names, f"{hf}intermediate.dense", (*ours, "mlp_in"))
+        add_linear(names, f"{hf}output.dense", (*ours, "mlp_out"))
+        add_norm(names, f"{hf}output.LayerNorm", (*ours, "mlp_norm"))
+    return names
+
+
+def tensor_names(config):
+    """Tensor names of BertForMaskedLM / RobertaForMaskedLM (transformers 5) -> our parameter paths."""
+    names = encoder_tensor_names(config)
+    if config.model_type == "roberta":
+        add_linear(names, "lm_head.dense", ("mlm_head", "dense"))
+        add_norm(names, "lm_head.layer_norm", ("mlm_head", "norm"))
+        names.append(("lm_head.bias", ("mlm_head", "bias"), "copy"))
+    else:
+        add_linear(names, "cls.predictions.transform.dense", ("mlm_head", "dense"))
+        add_norm(names, "cls.predictions.transform.LayerNorm", ("mlm_head", "norm"))
+        names.append(("cls.predictions.bias", ("mlm_head", "bias"), "copy"))
+    return names
+
+
+def head_tensor_names(config, task):
+    """Tensor names of Bert/RobertaForSequenceClassification or *ForQuestionAnswering -> our paths: RoBERTa's
+    classifier.dense / classifier.out_proj are our pooler / classifier."""
+    names = encoder_tensor_names(config)
+    if task == "question_answering":
+        add_linear(names, "qa_outputs", ("qa_outputs",))
+    elif config.model_type == "roberta":
+        add_linear(names, "classifier.dense", ("pooler",))
+        add_linear(names, "classifier.out_proj", ("classifier",))
+    else:
+        add_linear(names, "bert.pooler.dense", ("pooler",))
+        add_linear(names, "classifier", ("classifier",))
+    return names
+
+
+def _renamed(config, tensors):
+    """Older and bare checkpoints in today's names: the model prefix added, gamma/beta renamed, buffers dropped."""
+    out = {}
+    for name, x in with_prefix(tensors, _prefix(config), ("embeddings", "encoder", "pooler"),
+                               buffers=(".position_ids", ".token_type_ids")).items():  # buffers older versions saved
+        name = re.sub(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight", name)
+        out[re.sub(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias", name)] = x
+    return out
+
+
+def normalize(config, tensors, notes):
+    """Accept older and bare checkpoints: add the model prefix, rename gamma/beta, drop buffers, the pooler,
+    the NSP head and tied copies of the decoder (checked equal to what we tie them to)."""
+    p = _prefix(config)
+    head = "lm_head." if config.model_type == "roberta" else "cls.predictions."
+    out, dropped = drop_prefixed(_renamed(config, tensors), (f"{p}pooler.", "cls.seq_relationship."))
+    if dropped:
+        notes.append(f"ignored {len(dropped)} tensor(s) masked-LM training does not use (pooler / next-sentence "
+                     f"head): {', '.join(dropped)}")
+    word = out.get(f"{p}embeddings.word_embeddings.weight")
+    decoder_w = out.pop(f"{head}decoder.weight", None)
+    if decoder_w is not None and word is not None and (
+            decoder_w.shape != word.shape or not np.allclose(decoder_w, word)):
+        raise UserError(f"tensor {head}decoder.weight differs from {p}embeddings.word_embeddings.weight; only "
+                        f"checkpoints with tied input/output embeddings are supported")
+    decoder_b = out.pop(f"{head}decoder.bias", None)
+    if decoder_b is not None:
+        out.setdefault(f"{head}bias", decoder_b)
+    return out
+
+
+def normalize_for_head(config, tensors, notes, task):
+    """A checkpoint for fine-tuning: the pretraining heads (masked-LM, next-sentence) and a pooler the task's
+    head does not use are dropped, each with a note; BERT's pooler is kept for sequence classification."""
+    out, dropped = drop_prefixed(_renamed(config, tensors),
+                                 ("lm_head.", "cls.predictions.", "cls.seq_relationship."))
+    if dropped:
+        notes.append(f"dropped the pretraining head(s) of the checkpoint ({len(dropped)} tensor(s): masked-LM / "
+                     f"next-sentence), which {task.replace('_', ' ')} does not use")
+    if task != "sequence_classification" or config.model_type == "roberta":
+        out, dropped = drop_prefixed(out, (f"{_prefix(config)}pooler.",))
+        if dropped:
+            notes.append(f"dropped the checkpoint's pooler ({', '.join(dropped)}), which "
+                         f"{task.replace('_', ' ')} with {config.model_type} does not use")
+    return out
+
+
+# The full-size presets copy the hub's configs (roberta-base, bert-base-uncased, ...); the small ones are for tests
+# and the CPU demo (RoBERTa positions start at pad_token_id + 1: 2 extra). One table for both families.
+_ROBERTA = dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
+                layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, hidden_act="gelu",
+                hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
+_BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
+             layer_norm_eps=1e-12, pad_token_id=0, hidden_act="gelu",
+             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
+
+
+def _shape(hidden, layers, heads, intermediate):
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=intermediate)
+
+
+PRESETS = {
+    "roberta-base": {**_ROBERTA, **_shape(768, 12, 12, 3072)},
+    "roberta-large": {**_ROBERTA, **_shape(1024, 24, 16, 4096)},
+    "bert-base-uncased": {**_BERT, **_shape(768, 12, 12, 3072)},
+    "bert-large-uncased": {**_BERT, **_shape(1024, 24, 16, 4096)},
+    "roberta-small": {**_ROBERTA, **_shape(128, 4, 4, 512), "vocab_size": 8192, "max_position_embeddings": 258},
+    "roberta-tiny": {**_ROBERTA, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 130},
+    "bert-tiny": {**_BERT, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 128},
+}
+
+
+def _family(model_type, name, prefix, max_length):
+    heads = {"sequence_classification": Head(BertForSequenceClassification, f"{prefix}ForSequenceClassification",
+                                             ("pooler", "classifier")),
+             "question_answering": Head(BertForQuestionAnswering, f"{prefix}ForQuestionAnswering", ("qa_outputs",))}
+    return Family(model_type=model_type, name=name, model=BertForMaskedLM, tensor_names=tensor_names,
+                  normalize=normalize, architecture=f"{prefix}ForMaskedLM", presets=PRESETS,
+                  script="run_mlm_flax.py", max_length=max_length,
+                  tie_word_embeddings=lambda config: True,  # the MLM decoder is the word embeddings
+                  fresh_head="mlm_head", heads=heads, head_tensor_names=head_tensor_names,
+                  normalize_for_head=normalize_for_head)
+
+
+BERT = _family("bert", "BERT", "Bert", lambda config: config.max_position_embeddings)
+# RoBERTa's positions start after pad_token_id: that many fewer tokens fit
+ROBERTA = _family("roberta", "RoBERTa", "Roberta",
+                  lambda config: config.max_position_embeddings - config.pad_token_id - 1)

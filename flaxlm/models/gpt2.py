@@ -1,29 +1,20 @@
 """GPT-2: a pre-LayerNorm decoder with learned positions and the LM head tied to the token embeddings.
 
 Configured by a transformers GPT2Config; the parameters map 1:1 to GPT2LMHeadModel's (Hugging Face keeps
-them in Conv1D layout, [in, out], which is our kernel layout). The decoder-only interface every causal-LM
-family shares:
-
-    logits_BLV = model(ids_BL, mask_BL=None, positions_BL=None, dropout_key=key)   # causal, training / eval
-    cache = model.init_cache(batch, length)                                        # for generation
-    logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
-    h_BLD = model(ids_BL, dropout_key=key, hidden=True); head = model.head()       # for a fused head + loss
+them in Conv1D layout, [in, out], which is our kernel layout). The decoder-only interface of every causal-LM
+family is flaxlm.models.decoder's. Below the model: its Hugging Face tensor names, its presets and its Family.
 """
 import math
 
-import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
+from flaxlm.models.decoder import CausalLM
+from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution
-from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key,
+from flaxlm.models.layers import (LayerNorm, activation, attention, compute_dtype, dense, dropout, embed, fold_key,
                                   split_last)
-
-
-def embed(n, d, std, rngs):
-    return nnx.Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32,
-                     embedding_init=nnx.initializers.normal(std), rngs=rngs)
 
 
 class Attention(nnx.Module):
@@ -71,7 +62,7 @@ class Block(nnx.Module):
         return (x_MD + dropout(h_MD, self.dropout_rate, fold_key(key, 2))).reshape(B, T, D), kv
 
 
-class GPT2LMHeadModel(nnx.Module):
+class GPT2LMHeadModel(CausalLM):
     """GPT-2 with its LM head (tied to wte unless config.tie_word_embeddings is false); execution: how the
     layers run (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
@@ -92,29 +83,58 @@ class GPT2LMHeadModel(nnx.Module):
         if not self.tied:
             self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
         self.dropout_rate = config.embd_pdrop
-        self.num_heads, self.head_dim = config.n_head, D // config.n_head
+        self.kv_heads, self.head_dim = config.n_head, D // config.n_head
         self.max_positions = config.n_positions
 
-    def init_cache(self, batch, length):
-        return kv_cache.init_cache(len(self.layers), batch, length, self.num_heads, self.head_dim, self.dtype)
-
-    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None,
-                 hidden=False):
-        """Logits [B, L, V] (float32), or with hidden=True the final hidden states [B, L, D] that the head
-        multiplies (see head()); with a cache, (that, the updated cache)."""
-        if positions_BL is None:
-            positions_BL = kv_cache.default_positions(input_ids_BL, cache)
+    def embed_input(self, input_ids_BL, positions_BL, dropout_key):
         x_BLD = self.embed(input_ids_BL) + self.position(positions_BL)
-        x_BLD = dropout(x_BLD.astype(self.dtype), self.dropout_rate, fold_key(dropout_key, 0))
-        x_BLD, cache = kv_cache.run_layers(
-            self.layers, x_BLD, attention_mask_BL, cache,
-            lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached),
-            self.execution)
-        h_BLD = self.final_norm(x_BLD)
-        out = h_BLD if hidden else self.head().logits(h_BLD)
-        return out if cache is None else (out, cache)
+        return dropout(x_BLD.astype(self.dtype), self.dropout_rate, fold_key(dropout_key, 0))
 
-    def head(self):
-        """The LM head: the token embeddings (tied) or lm_head's kernel."""
-        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
+def tensor_names(config):
+    """Tensor names of GPT2LMHeadModel -> our paths. Conv1D weights are [in, out] already."""
+    names = [("transformer.wte.weight", ("embed", "embedding"), "copy"),
+             ("transformer.wpe.weight", ("position", "embedding"), "copy")]
+    for i in range(config.n_layer):
+        hf, ours = f"transformer.h.{i}.", ("layers", str(i))
+        add_norm(names, f"{hf}ln_1", (*ours, "attn_norm"))
+        add_linear(names, f"{hf}attn.c_attn", (*ours, "attn", "qkv"), kind="copy")
+        add_linear(names, f"{hf}attn.c_proj", (*ours, "attn", "out"), kind="copy")
+        add_norm(names, f"{hf}ln_2", (*ours, "mlp_norm"))
+        add_linear(names, f"{hf}mlp.c_fc", (*ours, "fc_in"), kind="copy")
+        add_linear(names, f"{hf}mlp.c_proj", (*ours, "fc_out"), kind="copy")
+    add_norm(names, "transformer.ln_f", ("final_norm",))
+    if not getattr(config, "tie_word_embeddings", True):
+        add_linear(names, "lm_head", ("lm_head",), bias=False)
+    return names
+
+
+def normalize(config, tensors, notes):
+    """Accept a bare GPT2Model checkpoint (no 'transformer.' prefix, as the hub's gpt2 is saved), drop the
+    causal-mask buffers older transformers saved (the mask and its fill value; c_attn's bias ends .c_attn.bias),
+    and a tied lm_head.weight (checked equal to wte)."""
+    out = with_prefix(tensors, "transformer.", ("wte", "wpe", "h", "ln_f"),
+                      buffers=(".attn.bias", ".attn.masked_bias"))
+    return drop_tied_head(config, out, "lm_head.weight", "transformer.wte.weight")
+
+
+# openai-community/gpt2*: learned positions, tied head; the small ones are for tests and the CPU demo.
+_GPT2 = dict(model_type="gpt2", vocab_size=50257, n_positions=1024, activation_function="gelu_new",
+             resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, layer_norm_epsilon=1e-5, initializer_range=0.02,
+             bos_token_id=50256, eos_token_id=50256)
+
+
+def _shape(width, layers, heads):
+    return dict(n_embd=width, n_layer=layers, n_head=heads)
+
+
+PRESETS = {
+    "gpt2": {**_GPT2, **_shape(768, 12, 12)},
+    "gpt2-medium": {**_GPT2, **_shape(1024, 24, 16)},
+    "gpt2-small": {**_GPT2, **_shape(128, 4, 4), "vocab_size": 8192, "n_positions": 256},
+    "gpt2-tiny": {**_GPT2, **_shape(64, 2, 2), "vocab_size": 1024, "n_positions": 256},
+}
+
+GPT2 = Family(model_type="gpt2", name="GPT-2", model=GPT2LMHeadModel, tensor_names=tensor_names, normalize=normalize,
+              architecture="GPT2LMHeadModel", presets=PRESETS, script="run_clm_flax.py",
+              max_length=lambda config: config.n_positions)

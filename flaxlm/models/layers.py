@@ -143,6 +143,26 @@ class LMHead(NamedTuple):
         return (out_MV if self.bias is None else out_MV + self.bias).reshape(B, L, -1)
 
 
+def embed(n, d, std, rngs):
+    """A float32 embedding table [n, d], initialized normal(std)."""
+    return nnx.Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32,
+                     embedding_init=nnx.initializers.normal(std), rngs=rngs)
+
+
+class RMSNorm(nnx.Module):
+    """T5LayerNorm == LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * scale, statistics in float32 (no mean, no bias);
+    returns x's dtype."""
+
+    def __init__(self, dim, eps, init_value=1.0):
+        self.scale = nnx.Param(jnp.full((dim,), init_value, jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...]).astype(x.dtype)
+
+
 class LayerNorm(nnx.LayerNorm):
     """LayerNorm with float32 parameters and statistics; returns the input's dtype."""
 

@@ -2,12 +2,9 @@
 
 Configured by a transformers LlamaConfig; the parameters map 1:1 to LlamaForCausalLM's (torch Linear weights
 [out, in] are our kernels transposed). q/k/v and gate/up stay separate parameters, as Hugging Face's, and are
-concatenated at compute time into one matmul each. The decoder-only interface is gpt2.GPT2LMHeadModel's:
-
-    logits_BLV = model(ids_BL, mask_BL=None, positions_BL=None, dropout_key=key)   # causal, training / eval
-    cache = model.init_cache(batch, length)                                        # K heads of head_dim
-    logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
-    h_BLD = model(ids_BL, dropout_key=key, hidden=True); head = model.head()       # for a fused head + loss
+concatenated at compute time into one matmul each. The decoder-only interface of every causal-LM family
+(flaxlm.models.decoder); the cache holds K key/value heads of head_dim. Below the model: its Hugging Face tensor
+names, its presets and its Family.
 
 Shape suffixes as in layers.py, plus K key/value heads, X concatenated projections, R = H / 2 rotary frequencies.
 """
@@ -19,10 +16,10 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
-from flaxlm.models.gpt2 import embed
+from flaxlm.models.decoder import CausalLM
+from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution
-from flaxlm.models.layers import LMHead, activation, attention, compute_dtype, dense, fold_key, split_last
-from flaxlm.models.t5 import RMSNorm  # T5LayerNorm == LlamaRMSNorm: float32 statistics, no mean, no bias
+from flaxlm.models.layers import RMSNorm, activation, attention, compute_dtype, dense, embed, fold_key, split_last
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -144,7 +141,7 @@ class Block(nnx.Module):
         return (x_MD + self.mlp(self.mlp_norm(x_MD))).reshape(B, T, D), kv
 
 
-class LlamaForCausalLM(nnx.Module):
+class LlamaForCausalLM(CausalLM):
     """Llama with its LM head (untied unless config.tie_word_embeddings); execution: how the layers run
     (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
@@ -169,26 +166,56 @@ class LlamaForCausalLM(nnx.Module):
         self.kv_heads, self.head_dim = K, H
         self.max_positions = config.max_position_embeddings
 
-    def init_cache(self, batch, length):
-        return kv_cache.init_cache(len(self.layers), batch, length, self.kv_heads, self.head_dim, self.dtype)
+    def embed_input(self, input_ids_BL, positions_BL, dropout_key):
+        return self.embed(input_ids_BL).astype(self.dtype)
 
-    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None,
-                 hidden=False):
-        """Logits [B, L, V] (float32), or with hidden=True the final hidden states [B, L, D] that the head
-        multiplies (see head()); with a cache, (that, the updated cache)."""
-        if positions_BL is None:
-            positions_BL = kv_cache.default_positions(input_ids_BL, cache)
-        x_BLD = self.embed(input_ids_BL).astype(self.dtype)
-        x_BLD, cache = kv_cache.run_layers(
-            self.layers, x_BLD, attention_mask_BL, cache,
-            lambda i, layer, x, *cached: layer(x, positions_BL, self.inv_freq, attention_mask_BL,
-                                               fold_key(dropout_key, i), *cached),
-            self.execution)
-        h_BLD = self.final_norm(x_BLD)
-        out = h_BLD if hidden else self.head().logits(h_BLD)
-        return out if cache is None else (out, cache)
+    def call_layer(self, i, layer, x_BLD, attention_mask_BL, positions_BL, dropout_key, *cached):
+        return layer(x_BLD, positions_BL, self.inv_freq, attention_mask_BL, fold_key(dropout_key, i), *cached)
 
-    def head(self):
-        """The LM head: lm_head's kernel, or the token embeddings when tied."""
-        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
+def tensor_names(config):
+    """Tensor names of LlamaForCausalLM -> our paths. Biases only with attention_bias / mlp_bias; lm_head.weight
+    only when untied."""
+    names = [("model.embed_tokens.weight", ("embed", "embedding"), "copy")]
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"model.layers.{i}.", ("layers", str(i))
+        add_norm(names, f"{hf}input_layernorm", (*ours, "attn_norm"), bias=False)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            add_linear(names, f"{hf}self_attn.{proj}", (*ours, "attn", proj), config.attention_bias)
+        add_norm(names, f"{hf}post_attention_layernorm", (*ours, "mlp_norm"), bias=False)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            add_linear(names, f"{hf}mlp.{proj}", (*ours, "mlp", proj), getattr(config, "mlp_bias", False))
+    add_norm(names, "model.norm", ("final_norm",), bias=False)
+    if not getattr(config, "tie_word_embeddings", False):
+        add_linear(names, "lm_head", ("lm_head",), bias=False)
+    return names
+
+
+def normalize(config, tensors, notes):
+    """Accept a bare LlamaModel checkpoint (no 'model.' prefix), drop the rotary_emb.inv_freq buffers older
+    transformers saved (computed from config.json, not weights), and a tied lm_head.weight (checked equal to the
+    token embeddings)."""
+    out = with_prefix(tensors, "model.", ("embed_tokens", "layers", "norm"), buffers=("rotary_emb.inv_freq",))
+    return drop_tied_head(config, out, "lm_head.weight", "model.embed_tokens.weight")
+
+
+# Llama-style: RoPE, RMSNorm, SwiGLU, grouped-query attention; llama-100m is our own ~100M shape, llama-tiny is for
+# tests and the CPU demo.
+_LLAMA = dict(model_type="llama", vocab_size=32000, max_position_embeddings=2048, hidden_act="silu",
+              rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.02, attention_bias=False,
+              tie_word_embeddings=False, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+
+
+def _shape(width, layers, heads, kv_heads, intermediate):
+    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, intermediate_size=intermediate)
+
+
+PRESETS = {
+    "llama-100m": {**_LLAMA, **_shape(768, 12, 12, 4, 2048), "tie_word_embeddings": True},
+    "llama-tiny": {**_LLAMA, **_shape(64, 2, 4, 2, 176), "vocab_size": 1024, "max_position_embeddings": 256},
+}
+
+LLAMA = Family(model_type="llama", name="Llama", model=LlamaForCausalLM, tensor_names=tensor_names, normalize=normalize,
+               architecture="LlamaForCausalLM", presets=PRESETS, script="run_clm_flax.py",
+               max_length=lambda config: config.max_position_embeddings)

@@ -2,17 +2,17 @@
 the token embeddings, optionally narrower than the model (word_embed_proj_dim, with project_in/project_out).
 
 Configured by a transformers OPTConfig; the parameters map 1:1 to OPTForCausalLM's. The decoder-only interface
-of flaxlm.models.gpt2: model(ids_BL, mask_BL, positions_BL, dropout_key=key), model.init_cache(batch, length),
-model(ids_BT, mask_BT, positions_BT, cache=cache) -> (logits_BTV, cache), model(ids_BL, hidden=True) and
-model.head() for a fused head + loss. Positions are 0-based.
+of every causal-LM family (flaxlm.models.decoder); positions are 0-based. Below the model: its Hugging Face tensor
+names, its presets and its Family.
 """
 from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
-from flaxlm.models.gpt2 import embed
+from flaxlm.models.decoder import CausalLM
+from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution
-from flaxlm.models.layers import LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, fold_key
+from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, embed, fold_key
 
 POSITION_OFFSET = 2  # OPT's embed_positions table has 2 extra leading rows; position p uses row p + 2
 
@@ -71,7 +71,7 @@ class Block(nnx.Module):
         return x_MD.reshape(B, T, D), kv
 
 
-class OPTForCausalLM(nnx.Module):
+class OPTForCausalLM(CausalLM):
     """OPT with its LM head (tied to the token embeddings unless config.tie_word_embeddings is false); execution:
     how the layers run (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
@@ -102,38 +102,84 @@ class OPTForCausalLM(nnx.Module):
         self.tied = getattr(config, "tie_word_embeddings", True)
         if not self.tied:
             self.lm_head = dense(W, V, self.dtype, std, rngs, use_bias=False)
-        self.num_heads, self.head_dim = config.num_attention_heads, D // config.num_attention_heads
+        self.kv_heads, self.head_dim = config.num_attention_heads, D // config.num_attention_heads
         self.max_positions = config.max_position_embeddings
 
-    def init_cache(self, batch, length):
-        return kv_cache.init_cache(len(self.layers), batch, length, self.num_heads, self.head_dim, self.dtype)
-
-    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None,
-                 hidden=False):
-        """Logits [B, L, V] (float32), or with hidden=True the rows [B, L, W] that the head multiplies (after
-        the final norm and project_out; see head()); with a cache, (that, the updated cache)."""
-        if positions_BL is None:
-            positions_BL = kv_cache.default_positions(input_ids_BL, cache)
+    def embed_input(self, input_ids_BL, positions_BL, dropout_key):
         e_BLW = self.embed(input_ids_BL)
         B, L, W = e_BLW.shape
         e_BLD = self.project_in(e_BLW.reshape(B * L, W)).reshape(B, L, -1) if self.projected else e_BLW
-        x_BLD = (e_BLD + self.position(positions_BL + POSITION_OFFSET)).astype(self.dtype)
-        x_BLD, cache = kv_cache.run_layers(
-            self.layers, x_BLD, attention_mask_BL, cache,
-            lambda i, layer, x, *cached: layer(x, attention_mask_BL, fold_key(dropout_key, i + 1), *cached),
-            self.execution)
-        h_BLW = self.head_input(x_BLD if self.final_norm is None else self.final_norm(x_BLD))
-        out = h_BLW if hidden else self.head().logits(h_BLW)
-        return out if cache is None else (out, cache)
+        return (e_BLD + self.position(positions_BL + POSITION_OFFSET)).astype(self.dtype)
 
-    def head_input(self, h_BLD):
-        """The final hidden states (after the final norm) in the embedding width: project_out applied."""
+    def head_input(self, x_BLD):
+        """The rows [B, L, W] the LM head multiplies: the final norm (pre-LN models), then project_out."""
+        h_BLD = x_BLD if self.final_norm is None else self.final_norm(x_BLD)
         if not self.projected:
             return h_BLD
         B, L, D = h_BLD.shape
         return self.project_out(h_BLD.reshape(B * L, D).astype(self.dtype)).reshape(B, L, -1)
 
-    def head(self):
-        """The LM head: the token embeddings (tied) or lm_head's kernel."""
-        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
 
+def tensor_names(config):
+    """Tensor names of OPTForCausalLM -> our paths. Optional: biases (enable_bias), norm tensors
+    (layer_norm_elementwise_affine), project_in/out (word_embed_proj_dim), the final norm, lm_head."""
+    p = "model.decoder."
+    names = [(f"{p}embed_tokens.weight", ("embed", "embedding"), "copy"),
+             (f"{p}embed_positions.weight", ("position", "embedding"), "copy")]
+
+    def norm(hf, ours):
+        if config.layer_norm_elementwise_affine:
+            add_norm(names, hf, ours)
+
+    def linear(hf, ours, bias=config.enable_bias):
+        add_linear(names, hf, ours, bias)
+
+    if config.word_embed_proj_dim != config.hidden_size:
+        linear(f"{p}project_in", ("project_in",), bias=False)
+        linear(f"{p}project_out", ("project_out",), bias=False)
+    for i in range(config.num_hidden_layers):
+        hf, ours = f"{p}layers.{i}.", ("layers", str(i))
+        for proj in ("q", "k", "v"):
+            linear(f"{hf}self_attn.{proj}_proj", (*ours, "attn", proj))
+        linear(f"{hf}self_attn.out_proj", (*ours, "attn", "out"))
+        norm(f"{hf}self_attn_layer_norm", (*ours, "attn_norm"))
+        linear(f"{hf}fc1", (*ours, "fc_in"))
+        linear(f"{hf}fc2", (*ours, "fc_out"))
+        norm(f"{hf}final_layer_norm", (*ours, "mlp_norm"))
+    if config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False):
+        norm(f"{p}final_layer_norm", ("final_norm",))
+    if not getattr(config, "tie_word_embeddings", True):
+        linear("lm_head", ("lm_head",), bias=False)
+    return names
+
+
+def normalize(config, tensors, notes):
+    """Accept a bare OPTModel checkpoint (names from 'decoder.', as some hub OPT files are saved) and drop a tied
+    lm_head.weight (checked equal to the token embeddings)."""
+    out = with_prefix(tensors, "model.", ("decoder",))
+    return drop_tied_head(config, out, "lm_head.weight", "model.decoder.embed_tokens.weight")
+
+
+# facebook/opt-*: opt-350m is post-LayerNorm with a 512-wide embedding projected to 1024; the tiny ones are for
+# tests and the CPU demo.
+_OPT = dict(model_type="opt", vocab_size=50272, max_position_embeddings=2048, do_layer_norm_before=True,
+            activation_function="relu", dropout=0.1, attention_dropout=0.0, init_std=0.02, enable_bias=True,
+            layer_norm_elementwise_affine=True, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+
+
+def _shape(width, layers, heads, ffn, proj=None, pre_ln=True):
+    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
+                word_embed_proj_dim=proj or width, do_layer_norm_before=pre_ln)
+
+
+PRESETS = {
+    "opt-125m": {**_OPT, **_shape(768, 12, 12, 3072)},
+    "opt-350m": {**_OPT, **_shape(1024, 24, 16, 4096, proj=512, pre_ln=False)},
+    "opt-tiny": {**_OPT, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 256},
+    "opt-350m-tiny": {**_OPT, **_shape(64, 2, 2, 256, proj=32, pre_ln=False), "vocab_size": 1024,
+                      "max_position_embeddings": 256},
+}
+
+OPT = Family(model_type="opt", name="OPT", model=OPTForCausalLM, tensor_names=tensor_names, normalize=normalize,
+             architecture="OPTForCausalLM", presets=PRESETS, script="run_clm_flax.py",
+             max_length=lambda config: config.max_position_embeddings)

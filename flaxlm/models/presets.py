@@ -1,9 +1,9 @@
 """Model shape presets, and building a Hugging Face config from one (create_config.py).
 
 A preset is a plain dict: `model_type` picks the transformers config class (through
-`AutoConfig.for_model`), every other key is a field of that class. The full-size presets copy the
-Hugging Face hub configs exactly; the tiny/small ones are for tests and the CPU demo. A new model
-family is one more entry here with its own model_type (t5, gpt2, opt, llama, ...).
+`AutoConfig.for_model`), every other key is a field of that class. Each family's file holds its presets
+(Family.presets): the full-size ones copy the Hugging Face hub configs exactly; the tiny/small ones are for
+tests and the CPU demo. PRESETS gathers them from the registry.
 """
 import difflib
 import re
@@ -11,93 +11,9 @@ import re
 import yaml
 
 from flaxlm.errors import UserError
+from flaxlm.models.registry import FAMILIES
 
-_ROBERTA = dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
-                layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, hidden_act="gelu",
-                hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
-_BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
-             layer_norm_eps=1e-12, pad_token_id=0, hidden_act="gelu",
-             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
-
-
-# T5 (google/t5-v1_1-* and google-t5/t5-* on the hub): v1.1 has a gated-GELU FFN and an untied LM head,
-# the original a ReLU FFN and the LM head tied to the embeddings. transformers 5 reads tie_word_embeddings
-# false into scale_decoder_outputs=False (flaxlm.models.t5.ties_embeddings).
-_T5 = dict(model_type="t5", vocab_size=32128, d_kv=64, relative_attention_num_buckets=32,
-           relative_attention_max_distance=128, dropout_rate=0.1, layer_norm_epsilon=1e-6, initializer_factor=1.0,
-           decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-_T5_V1_1 = {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
-_T5_ORIGINAL = {**_T5, "feed_forward_proj": "relu", "tie_word_embeddings": True}
-
-
-def _t5_shape(d_model, d_ff, layers, heads):
-    return dict(d_model=d_model, d_ff=d_ff, num_layers=layers, num_decoder_layers=layers, num_heads=heads)
-
-
-# Decoder-only (causal LM) families. GPT-2 (openai-community/gpt2*): learned positions, tied head.
-# OPT (facebook/opt-*): opt-350m is post-LayerNorm with a 512-wide embedding projected to 1024.
-# Llama-style: RoPE, RMSNorm, SwiGLU, grouped-query attention; llama-100m is our own ~100M shape.
-_GPT2 = dict(model_type="gpt2", vocab_size=50257, n_positions=1024, activation_function="gelu_new",
-             resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, layer_norm_epsilon=1e-5, initializer_range=0.02,
-             bos_token_id=50256, eos_token_id=50256)
-_OPT = dict(model_type="opt", vocab_size=50272, max_position_embeddings=2048, do_layer_norm_before=True,
-            activation_function="relu", dropout=0.1, attention_dropout=0.0, init_std=0.02, enable_bias=True,
-            layer_norm_elementwise_affine=True, pad_token_id=1, bos_token_id=2, eos_token_id=2)
-_LLAMA = dict(model_type="llama", vocab_size=32000, max_position_embeddings=2048, hidden_act="silu",
-              rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.02, attention_bias=False,
-              tie_word_embeddings=False, pad_token_id=None, bos_token_id=1, eos_token_id=2)
-
-
-def _gpt2_shape(width, layers, heads):
-    return dict(n_embd=width, n_layer=layers, n_head=heads)
-
-
-def _opt_shape(width, layers, heads, ffn, proj=None, pre_ln=True):
-    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
-                word_embed_proj_dim=proj or width, do_layer_norm_before=pre_ln)
-
-
-def _llama_shape(width, layers, heads, kv_heads, intermediate):
-    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=kv_heads, intermediate_size=intermediate)
-
-
-def _shape(hidden, layers, heads, intermediate):
-    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                intermediate_size=intermediate)
-
-
-PRESETS = {
-    "roberta-base": {**_ROBERTA, **_shape(768, 12, 12, 3072)},
-    "roberta-large": {**_ROBERTA, **_shape(1024, 24, 16, 4096)},
-    "bert-base-uncased": {**_BERT, **_shape(768, 12, 12, 3072)},
-    "bert-large-uncased": {**_BERT, **_shape(1024, 24, 16, 4096)},
-    # small shapes for tests and the CPU demo (RoBERTa positions start at pad_token_id + 1: 2 extra)
-    "roberta-small": {**_ROBERTA, **_shape(128, 4, 4, 512), "vocab_size": 8192, "max_position_embeddings": 258},
-    "roberta-tiny": {**_ROBERTA, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 130},
-    "bert-tiny": {**_BERT, **_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 128},
-    "t5-v1_1-small": {**_T5_V1_1, **_t5_shape(512, 1024, 8, 6)},
-    "t5-v1_1-base": {**_T5_V1_1, **_t5_shape(768, 2048, 12, 12)},
-    "t5-v1_1-large": {**_T5_V1_1, **_t5_shape(1024, 2816, 24, 16)},
-    "t5-small": {**_T5_ORIGINAL, **_t5_shape(512, 2048, 6, 8)},
-    "t5-base": {**_T5_ORIGINAL, **_t5_shape(768, 3072, 12, 12)},
-    # tiny T5s for tests and the CPU demo
-    "t5-v1_1-mini": {**_T5_V1_1, **_t5_shape(128, 384, 3, 4), "d_kv": 32, "vocab_size": 8192},
-    "t5-v1_1-tiny": {**_T5_V1_1, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
-    "t5-tiny": {**_T5_ORIGINAL, **_t5_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
-    "gpt2": {**_GPT2, **_gpt2_shape(768, 12, 12)},
-    "gpt2-medium": {**_GPT2, **_gpt2_shape(1024, 24, 16)},
-    "opt-125m": {**_OPT, **_opt_shape(768, 12, 12, 3072)},
-    "opt-350m": {**_OPT, **_opt_shape(1024, 24, 16, 4096, proj=512, pre_ln=False)},
-    "llama-100m": {**_LLAMA, **_llama_shape(768, 12, 12, 4, 2048), "tie_word_embeddings": True},
-    # small decoders for tests and the CPU demo
-    "gpt2-small": {**_GPT2, **_gpt2_shape(128, 4, 4), "vocab_size": 8192, "n_positions": 256},
-    "gpt2-tiny": {**_GPT2, **_gpt2_shape(64, 2, 2), "vocab_size": 1024, "n_positions": 256},
-    "opt-tiny": {**_OPT, **_opt_shape(64, 2, 2, 256), "vocab_size": 1024, "max_position_embeddings": 256},
-    "opt-350m-tiny": {**_OPT, **_opt_shape(64, 2, 2, 256, proj=32, pre_ln=False), "vocab_size": 1024,
-                      "max_position_embeddings": 256},
-    "llama-tiny": {**_LLAMA, **_llama_shape(64, 2, 4, 2, 176), "vocab_size": 1024, "max_position_embeddings": 256},
-}
+PRESETS = {name: fields for f in FAMILIES.values() for name, fields in f.presets.items()}
 
 # Special tokens looked up by text when the tokenizer does not name them (e.g. a bare tokenizer.json).
 _SPECIAL_TOKENS = {"pad_token_id": ("<pad>", "[PAD]"), "bos_token_id": ("<s>",), "eos_token_id": ("</s>",)}
@@ -226,19 +142,8 @@ def build_config(preset, tokenizer=None, overrides=None):
     return config
 
 
-def count_params(config):
-    """Parameters of the model `config` describes (built abstractly, nothing allocated); None if unknown."""
-    from flaxlm.models import abstract_model, count_params as count
-    try:
-        return count(abstract_model(config)[1])
-    except UserError:
-        return None
-
-
 def human(n):
     """125_000_000 -> '125M'."""
-    if n is None:
-        return "?"
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
             return f"{n / size:.3g}{unit}"

@@ -12,7 +12,7 @@ layer; cross-attention has none. Parameters are float32; computation runs in `dt
 attention softmax and logits are float32.
 
 Shape suffixes: B batch, L encoder length, T decoder length, S key length, D d_model, N heads, H d_kv,
-F d_ff, V vocabulary, K buckets.
+F d_ff, V vocabulary, K buckets. Below the model: its Hugging Face tensor names, its presets and its Family.
 """
 import functools
 import math
@@ -23,8 +23,9 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
+from flaxlm.models.family import Family, add_linear, add_norm, same_tensor
 from flaxlm.models.layer_stack import Execution, run_layers
-from flaxlm.models.layers import LMHead, activation, compute_dtype, dense, dropout, fold_key, split_last
+from flaxlm.models.layers import LMHead, RMSNorm, activation, compute_dtype, dense, dropout, fold_key, split_last
 
 
 def ties_embeddings(config):
@@ -113,19 +114,6 @@ def t5_attention(q_BTNH, k_BSNH, v_BSNH, bias_1NTS=None, mask_B1TS=None, *, drop
 
 def _normal(std):
     return nnx.initializers.normal(std)
-
-
-class RMSNorm(nnx.Module):
-    """T5LayerNorm: x / sqrt(mean(x^2) + eps) * scale, statistics in float32; returns x's dtype."""
-
-    def __init__(self, dim, eps, init_value=1.0):
-        self.scale = nnx.Param(jnp.full((dim,), init_value, jnp.float32))
-        self.eps = eps
-
-    def __call__(self, x):
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale[...]).astype(x.dtype)
 
 
 class Attention(nnx.Module):
@@ -269,7 +257,7 @@ class Stack(nnx.Module):
 
 
 class T5ForConditionalGeneration(nnx.Module):
-    """T5 (original or v1.1) with its LM head; parameters named after Hugging Face's modules (hf_io.t5_names).
+    """T5 (original or v1.1) with its LM head; parameters named after Hugging Face's modules (tensor_names).
 
         logits_BTV = model(input_ids_BL, attention_mask_BL, decoder_input_ids_BT)   # teacher forcing
         enc_BLD = model.encode(input_ids_BL, attention_mask_BL)                      # for generation
@@ -328,3 +316,103 @@ class T5ForConditionalGeneration(nnx.Module):
         enc_BLD = self.encode(input_ids_BL, attention_mask_BL, fold_key(dropout_key, 0))
         return self.decode(decoder_input_ids_BT, enc_BLD, attention_mask_BL, decoder_attention_mask_BT,
                            fold_key(dropout_key, 1), hidden)
+
+
+def tensor_names(config):
+    """Tensor names of T5ForConditionalGeneration (transformers 5) -> our parameter paths.
+
+    Hugging Face keeps each stack's relative-position bias in its first block only; encoder.embed_tokens and
+    decoder.embed_tokens are the shared embeddings (never saved); lm_head.weight exists when untied (v1.1).
+    """
+    names = [("shared.weight", ("shared", "embedding"), "copy")]
+
+    def norm(hf, ours):
+        add_norm(names, hf, ours, bias=False)
+
+    def linear(hf, ours):
+        add_linear(names, hf, ours, bias=False)
+
+    ffn = ("wi_0", "wi_1", "wo") if config.is_gated_act else ("wi", "wo")
+    for stack, n in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
+        names.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                      (stack, "relative_attention_bias", "embedding"), "copy"))
+        for i in range(n):
+            hf, ours = f"{stack}.block.{i}.layer.", (stack, "layers", str(i))
+            for proj in ("q", "k", "v", "o"):
+                linear(f"{hf}0.SelfAttention.{proj}", (*ours, "attn", proj))
+            norm(f"{hf}0.layer_norm", (*ours, "attn_norm"))
+            if stack == "decoder":
+                for proj in ("q", "k", "v", "o"):
+                    linear(f"{hf}1.EncDecAttention.{proj}", (*ours, "cross_attn", proj))
+                norm(f"{hf}1.layer_norm", (*ours, "cross_norm"))
+            f = 2 if stack == "decoder" else 1
+            for w in ffn:
+                linear(f"{hf}{f}.DenseReluDense.{w}", (*ours, "mlp", w))
+            norm(f"{hf}{f}.layer_norm", (*ours, "mlp_norm"))
+        norm(f"{stack}.final_layer_norm", (stack, "final_norm"))
+    if not ties_embeddings(config):
+        linear("lm_head", ("lm_head",))
+    return names
+
+
+def normalize(config, tensors, notes):
+    """Drop what Hugging Face ties or ignores: the stacks' embed_tokens copies of shared.weight, a tied
+    lm_head.weight (checked equal), decoder cross-attention's unused relative_attention_bias. An untied (v1.1)
+    config whose checkpoint has no lm_head.weight (transformers 5 saves v1.1 models built from a config tied)
+    gets a copy of shared.weight, which is what transformers computes with."""
+    out = dict(tensors)
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        x = out.pop(name, None)
+        if x is None:
+            continue
+        if "shared.weight" not in out:
+            out["shared.weight"] = x
+        elif not same_tensor(x, out["shared.weight"]):
+            raise UserError(f"tensor {name} differs from shared.weight; only checkpoints whose encoder and decoder "
+                            f"share the input embeddings (every T5) are supported")
+    unused = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
+    if out.pop(unused, None) is not None:
+        notes.append(f"ignored {unused} (cross-attention has no position bias; transformers ignores it too)")
+    shared, head = out.get("shared.weight"), out.get("lm_head.weight")
+    if ties_embeddings(config):
+        if head is not None:
+            if shared is not None and not same_tensor(head, shared):
+                raise UserError("tensor lm_head.weight differs from shared.weight but config.json describes original "
+                                "T5 with tied embeddings; for an untied LM head (T5 v1.1) set tie_word_embeddings "
+                                "to false in config.json")
+            out.pop("lm_head.weight")
+    elif head is None and shared is not None and getattr(config, "tie_word_embeddings", False):
+        out["lm_head.weight"] = shared
+        notes.append("the checkpoint has no lm_head.weight and its config.json ties it to shared.weight; the "
+                     "untied LM head starts as a copy of the shared embeddings")
+    return out
+
+
+# google/t5-v1_1-* and google-t5/t5-* on the hub: v1.1 has a gated-GELU FFN and an untied LM head, the original a
+# ReLU FFN and the LM head tied to the embeddings (transformers 5 reads tie_word_embeddings false into
+# scale_decoder_outputs=False: ties_embeddings). The mini/tiny ones are for tests and the CPU demo.
+_T5 = dict(model_type="t5", vocab_size=32128, d_kv=64, relative_attention_num_buckets=32,
+           relative_attention_max_distance=128, dropout_rate=0.1, layer_norm_epsilon=1e-6, initializer_factor=1.0,
+           decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+_T5_V1_1 = {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
+_T5_ORIGINAL = {**_T5, "feed_forward_proj": "relu", "tie_word_embeddings": True}
+
+
+def _shape(d_model, d_ff, layers, heads):
+    return dict(d_model=d_model, d_ff=d_ff, num_layers=layers, num_decoder_layers=layers, num_heads=heads)
+
+
+PRESETS = {
+    "t5-v1_1-small": {**_T5_V1_1, **_shape(512, 1024, 8, 6)},
+    "t5-v1_1-base": {**_T5_V1_1, **_shape(768, 2048, 12, 12)},
+    "t5-v1_1-large": {**_T5_V1_1, **_shape(1024, 2816, 24, 16)},
+    "t5-small": {**_T5_ORIGINAL, **_shape(512, 2048, 6, 8)},
+    "t5-base": {**_T5_ORIGINAL, **_shape(768, 3072, 12, 12)},
+    "t5-v1_1-mini": {**_T5_V1_1, **_shape(128, 384, 3, 4), "d_kv": 32, "vocab_size": 8192},
+    "t5-v1_1-tiny": {**_T5_V1_1, **_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
+    "t5-tiny": {**_T5_ORIGINAL, **_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
+}
+
+T5 = Family(model_type="t5", name="T5", model=T5ForConditionalGeneration, tensor_names=tensor_names,
+            normalize=normalize, architecture="T5ForConditionalGeneration", presets=PRESETS,
+            script="run_t5_mlm_flax.py", tie_word_embeddings=ties_embeddings)  # relative positions: no max_length

@@ -4,23 +4,18 @@ import numpy as np
 from flaxlm.errors import UserError
 from flaxlm.training.flops import decoder_lm_train_flops
 from flaxlm.objectives.lm_loss import head_loss_sums
-from flaxlm.models import apply_hidden
+from flaxlm.models import apply_hidden, family_of
 from flaxlm.training.loop import Objective
 
 MAX_BLOCK_SIZE = 1024  # default block size when the tokenizer allows more (as Hugging Face's run_clm)
 
 
-def max_positions(config):
-    """Longest input the model's positions allow."""
-    return getattr(config, "n_positions", None) or config.max_position_embeddings
-
-
 def resolve_block_size(block_size, max_seq_length, tokenizer, config):
-    """--block_size (or its alias --max_seq_length); at most the model's positions."""
+    """--block_size (or its alias --max_seq_length); at most the model's positions (its family's max_length)."""
     if block_size and max_seq_length and block_size != max_seq_length:
         raise UserError(f"--block_size {block_size} and --max_seq_length {max_seq_length} disagree; pass one")
     requested = block_size or max_seq_length
-    limit = max_positions(config)
+    limit = family_of(config).max_length(config)
     if requested is None:
         return min(tokenizer.model_max_length, limit, MAX_BLOCK_SIZE)
     if requested > limit:

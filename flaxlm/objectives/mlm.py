@@ -2,19 +2,13 @@
 from flaxlm.errors import UserError
 from flaxlm.training.flops import encoder_mlm_train_flops
 from flaxlm.objectives.lm_loss import head_loss_sums
-from flaxlm.models import apply_hidden
+from flaxlm.models import apply_hidden, family_of
 from flaxlm.training.loop import Objective
 
 
-def max_sequence_length(config):
-    """Longest input the encoder's position table allows (RoBERTa's positions start after pad id)."""
-    if config.model_type == "roberta":
-        return config.max_position_embeddings - config.pad_token_id - 1
-    return config.max_position_embeddings
-
-
 def resolve_seq_len(requested, tokenizer, config):
-    limit = max_sequence_length(config)
+    """--max_seq_length: at most the longest input the encoder's positions allow (its family's max_length)."""
+    limit = family_of(config).max_length(config)
     if requested is None:
         return min(tokenizer.model_max_length, limit, 512)
     if requested > limit:

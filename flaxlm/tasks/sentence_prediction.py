@@ -76,8 +76,8 @@ def resolve_task(args, text_column=None):
 def load_classifier(model_args, task, label_names, seed):
     """(config, model): --model_name_or_path's encoder with a classification head (fresh unless the checkpoint
     has one for these labels), or a fresh model from --config_name. label_names None: regression (1 output)."""
-    from flaxlm.models import TASK_MODEL_TYPES, create_model
-    from flaxlm.models.hf_io import has_weights, load_config, load_for_task, resolve_dir, task_config
+    from flaxlm.models import TASK_MODEL_TYPES, create_model, load_config, load_for_task, task_config
+    from flaxlm.models.hf_io import has_weights, resolve_dir
     from flaxlm.training.pipeline import check_model_type, model_execution
     path = model_args.model_name_or_path or model_args.config_name
     if not path:

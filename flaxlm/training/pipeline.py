@@ -4,10 +4,6 @@ import os
 from flaxlm.errors import UserError
 
 
-SCRIPT_FOR = {"bert": "run_mlm_flax.py", "roberta": "run_mlm_flax.py", "t5": "run_t5_mlm_flax.py",
-              "gpt2": "run_clm_flax.py", "opt": "run_clm_flax.py", "llama": "run_clm_flax.py"}
-
-
 def start_run(args, model_args):
     """What every training script does first: join the other hosts of a multi-host run, check --output_dir
     (flaxlm.training.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access."""
@@ -21,18 +17,19 @@ def start_run(args, model_args):
         check_hub_access(args.hub_token or model_args.token)
 
 
-def load_model(model_args, seed, model_types, script):
+def load_model(model_args, seed, script):
     """(config, model): continued from --model_name_or_path, or new from --config_name; the config's
-    model_type must be one of model_types (those `script` trains)."""
-    from flaxlm.models import create_model
-    from flaxlm.models.hf_io import load_config, load_pretrained
+    model_type must be one of the families `script` trains (Family.script)."""
+    from flaxlm.models import create_model, load_config, load_pretrained
+    from flaxlm.models.registry import FAMILIES
+    model_types = [model_type for model_type, family in FAMILIES.items() if family.script == script]
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
         raise UserError("no model given; pass --config_name DIR (write one with create_config.py) to train from "
                         "scratch, or --model_name_or_path DIR to continue a Hugging Face checkpoint")
     config = load_config(path)
     if config.model_type not in model_types:
-        other = SCRIPT_FOR.get(config.model_type)
+        other = FAMILIES[config.model_type].script if config.model_type in FAMILIES else None
         hint = f"use {other}" if other else f"use a {' or '.join(model_types)} config"
         raise UserError(f"{path} holds a {config.model_type} model but {script} trains {', '.join(model_types)}; "
                         f"{hint}")
@@ -98,7 +95,7 @@ def export(args, model_args, config, params, tokenizer, load_with):
     """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format to
     --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job)."""
     from flaxlm.training import mesh as meshlib
-    from flaxlm.models.hf_io import save_pretrained
+    from flaxlm.models import save_pretrained
     from flaxlm.training.output_dir import push_to_hub
     if not meshlib.is_main_process() or args.eval_checkpoints:
         return

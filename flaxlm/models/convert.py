@@ -1,0 +1,122 @@
+"""Our params <-> Hugging Face state dicts ({tensor name: array}), through the family's name map
+(flaxlm.models.family.NameMap). The loader is strict: every tensor is used, none is missing, every shape matches.
+"""
+import logging
+
+import numpy as np
+
+from flaxlm.errors import UserError
+from flaxlm.models.build import abstract_model, create_model, model_class, split_model
+from flaxlm.models.registry import family_of
+
+logger = logging.getLogger(__name__)
+
+
+def name_map_of(config, task=None):
+    """The NameMap of config's pretraining model (task None) or of a fine-tuning task's model; UserError for an
+    unsupported model_type or a task its family has no head for."""
+    model_class(config, task)
+    return family_of(config).name_map(config, task)
+
+
+def task_of(config, params):
+    """The fine-tuning task whose head `params` hold (a Head of config's family), or None."""
+    heads = family_of(config).heads
+    return next((task for task, head in heads.items() if all(g in params for g in head.groups)), None)
+
+
+def _get(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _set(tree, path, value):
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+def _describe(config):
+    """'model_type 't5', 2+2 layers': what a mismatch message names of config.json."""
+    layers = str(config.num_hidden_layers)
+    if getattr(config, "num_decoder_layers", None) is not None:
+        layers += f"+{config.num_decoder_layers}"
+    return f"model_type {config.model_type!r}, {layers} layers"
+
+
+def _list(names, limit=5):
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def to_hf_state_dict(config, params):
+    """Our params -> {Hugging Face tensor name: float32 numpy array}, as transformers' save_pretrained writes
+    (for a fine-tuning head's params, as the task's *ForSequenceClassification / *ForQuestionAnswering)."""
+    out = {}
+    for hf, path, kind in name_map_of(config, task_of(config, params)).names:
+        x = np.asarray(_get(params, path), dtype=np.float32)
+        out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
+    return out
+
+
+def _fill_absent_groups(config, tensors, name_map, absent, init_params, seed, task, notes):
+    """tensors with the parameter groups the checkpoint lacks entirely taken from init_params (default: a fresh
+    init from seed), and a note saying so."""
+    if init_params is None:
+        _, init_params = split_model(create_model(config, seed=seed, task=task))
+    if task is None:
+        notes.append("the checkpoint has no masked-LM head (a bare encoder); the head starts freshly initialized")
+    else:
+        notes.append(f"the checkpoint has no {' / '.join(absent)} weights of the {task.replace('_', ' ')} "
+                     f"head; they start freshly initialized (train them before use)")
+    tensors = dict(tensors)
+    for hf, path, kind in name_map.names:
+        if path[0] in absent:
+            x = np.asarray(_get(init_params, path), np.float32)
+            tensors[hf] = x.T if kind == "linear" else x
+    return tensors
+
+
+def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
+    """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays), for the family's
+    pretraining model (task None) or a fine-tuning task's model (a Head of the family).
+
+    A head the checkpoint lacks entirely (BERT/RoBERTa: the MLM head of a bare encoder; a task's head on a
+    pretrained encoder) comes from `init_params` (default: a fresh init from seed), with a warning. Any other
+    missing, unexpected or wrongly shaped tensor is a UserError.
+    """
+    name_map = name_map_of(config, task)
+    notes = []
+    tensors = name_map.normalize(dict(tensors), notes)
+    _, shapes = abstract_model(config, task=task)
+    expected = name_map.names
+    absent = [g for g in name_map.fresh_groups if not any(hf in tensors for hf, path, _ in expected if path[0] == g)]
+    missing = [hf for hf, path, _ in expected if hf not in tensors and path[0] not in absent]
+    if missing:
+        raise UserError(f"checkpoint is missing tensor(s) {_list(missing)}; it does not match config.json "
+                        f"({_describe(config)})")
+    if absent:  # a bare encoder, or a pretrained one fine-tuned for the first time: the head starts fresh
+        tensors = _fill_absent_groups(config, tensors, name_map, absent, init_params, seed, task, notes)
+    unexpected = set(tensors) - {hf for hf, _, _ in expected}
+    if unexpected:
+        raise UserError(f"checkpoint has unexpected tensor(s) {_list(unexpected)}; it does not match config.json "
+                        f"({_describe(config)})")
+    params = {}
+    for hf, path, kind in expected:
+        want = tuple(_get(shapes, path).shape)
+        want_hf = want[::-1] if kind == "linear" else want
+        x = np.asarray(tensors[hf])
+        if tuple(x.shape) != want_hf:
+            if task is not None and path[0] in name_map.fresh_groups:
+                raise UserError(f"tensor {hf} of the checkpoint's {task.replace('_', ' ')} head has shape "
+                                f"{tuple(x.shape)}, this task needs {want_hf} (num_labels={config.num_labels}); "
+                                f"fine-tune from the pretrained model instead (a checkpoint without this head)")
+            raise UserError(f"tensor {hf} has shape {tuple(x.shape)} but config.json implies {want_hf}; "
+                            f"use the config.json the checkpoint was saved with")
+        x = x.astype(np.float32)
+        _set(params, path, np.ascontiguousarray(x.T if kind == "linear" else x))
+    for note in notes:
+        logger.warning("%s", note)
+    return params

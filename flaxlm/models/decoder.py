@@ -1,0 +1,54 @@
+"""What the decoder-only (causal LM) families share: their call with and without the key/value cache, the cache
+itself and the LM head. Every causal-LM model has the same interface:
+
+    logits_BLV = model(ids_BL, mask_BL=None, positions_BL=None, dropout_key=key)   # causal, training / eval
+    cache = model.init_cache(batch, length)                                        # for generation
+    logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
+    h_BLD = model(ids_BL, dropout_key=key, hidden=True); head = model.head()       # for a fused head + loss
+"""
+from flax import nnx
+
+from flaxlm.models import kv_cache
+from flaxlm.models.layers import LMHead, fold_key
+
+
+class CausalLM(nnx.Module):
+    """A family's causal-LM model builds on this. Its __init__ sets embed (the token nnx.Embed), layers,
+    execution, dtype, tied (and lm_head, a bias-free dense, when untied), kv_heads and head_dim (the cache's
+    shape); it defines embed_input and may redefine call_layer and head_input."""
+
+    def embed_input(self, input_ids_BL, positions_BL, dropout_key):
+        """The first layer's input [B, L, D] in the compute dtype."""
+        raise NotImplementedError
+
+    def call_layer(self, i, layer, x_BLD, attention_mask_BL, positions_BL, dropout_key, *cached):
+        """Layer i on x: (x, kv) (cached: the layer's kv, the cache index and visible_BTS, or nothing). By
+        default the layer takes (x, mask, dropout key folded with i + 1, *cached): key 0 is the embeddings'."""
+        return layer(x_BLD, attention_mask_BL, fold_key(dropout_key, i + 1), *cached)
+
+    def head_input(self, x_BLD):
+        """The rows the LM head multiplies, from the last layer's output: the final norm."""
+        return self.final_norm(x_BLD)
+
+    def init_cache(self, batch, length):
+        return kv_cache.init_cache(len(self.layers), batch, length, self.kv_heads, self.head_dim, self.dtype)
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, positions_BL=None, *, dropout_key=None, cache=None,
+                 hidden=False):
+        """Logits [B, L, V] (float32), or with hidden=True the rows [B, L, D] that the head multiplies (see
+        head()); with a cache, (that, the updated cache)."""
+        if positions_BL is None:
+            positions_BL = kv_cache.default_positions(input_ids_BL, cache)
+        x_BLD = self.embed_input(input_ids_BL, positions_BL, dropout_key)
+        x_BLD, cache = kv_cache.run_layers(
+            self.layers, x_BLD, attention_mask_BL, cache,
+            lambda i, layer, x, *cached: self.call_layer(i, layer, x, attention_mask_BL, positions_BL, dropout_key,
+                                                         *cached),
+            self.execution)
+        h_BLD = self.head_input(x_BLD)
+        out = h_BLD if hidden else self.head().logits(h_BLD)
+        return out if cache is None else (out, cache)
+
+    def head(self):
+        """The LM head: the token embeddings (tied) or lm_head's kernel."""
+        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)

@@ -1,0 +1,20 @@
+"""The model families, found by config.model_type: one Family per family (flaxlm.models.family), defined in the
+family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
+from flaxlm.errors import UserError
+from flaxlm.models import bert, gpt2, llama, opt, t5
+
+FAMILIES = {f.model_type: f for f in (bert.BERT, bert.ROBERTA, t5.T5, gpt2.GPT2, opt.OPT, llama.LLAMA)}
+
+MODELS = {model_type: f.model for model_type, f in FAMILIES.items()}  # model_type -> pretraining module class
+# decoder-only families (run_clm_flax.py trains them; generate.py runs them)
+CAUSAL_LM_TYPES = tuple(t for t, f in FAMILIES.items() if f.script == "run_clm_flax.py")
+TASK_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.heads)  # the families with fine-tuning heads
+TASKS = tuple(dict.fromkeys(task for f in FAMILIES.values() for task in f.heads))  # the fine-tuning tasks
+
+
+def family_of(config):
+    """The Family of config.model_type; UserError naming the supported ones."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise UserError(f"unsupported model_type {model_type!r}; supported: {', '.join(FAMILIES)}")
+    return FAMILIES[model_type]
