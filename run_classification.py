@@ -25,16 +25,16 @@ def main(argv=None):
         prog="run_classification.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
-    from flaxlm.objectives.mlm import resolve_seq_len
     from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, pretrain, start_run
+    from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
+                                          train_and_evaluate)
     from flaxlm.data.sentence_data import label_names, load_examples, token_rows
-    from flaxlm.tasks.sentence_prediction import (load_classifier, majority_scores, resolve_task, sentence_objective,
-                                            write_predictions)
+    from flaxlm.tasks.sentence_prediction import (classifier_labels, majority_scores, resolve_task,
+                                                  sentence_objective, write_predictions)
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
-    from flaxlm.training.loop import collect_predictions
+    from flaxlm.training.evaluation import collect_predictions
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     task = resolve_task(task_args, source.text_column)
@@ -52,7 +52,8 @@ def main(argv=None):
     # Tokenizer and model: the pretrained encoder with a classification head.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_classifier(model_args, task, names, seed=args.seed)
+    config, model = load_model(model_args, seed=args.seed, task="sequence_classification",
+                               **classifier_labels(task, names))
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     graphdef, params = split_model(model)
@@ -78,8 +79,8 @@ def main(argv=None):
 
     # Train, evaluating the loss, accuracy and the task's metrics over the whole validation set.
     objective = sentence_objective(graphdef, config, task, width, tokenizer.pad_token_id)
-    params = pretrain(args, model_args, params, objective, train_rows, rows["validation"], total_steps, mesh,
-                      micro_batch, eval_batch, labeled_test)
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
+                                mesh, micro_batch, eval_batch, labeled_test)
     if params is None:  # --eval_checkpoints: an evaluation job
         return
 

@@ -32,7 +32,7 @@ def main(argv=None):
     from flaxlm.data.text import load_raw_text
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, pretrain, start_run
+    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
@@ -66,8 +66,8 @@ def main(argv=None):
     # Train: every token predicted from the ones before it.
     objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
                               head_chunk_rows=args.lm_head_chunk_rows)
-    params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-                      eval_batch, test_rows)
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
+                                micro_batch, eval_batch, test_rows)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM")

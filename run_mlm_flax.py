@@ -26,11 +26,12 @@ def main(argv=None):
     from flaxlm.training import mesh as meshlib
     from flaxlm.data import rows
     from flaxlm.data.text import load_raw_text
-    from flaxlm.objectives.mlm import mlm_objective, resolve_seq_len
+    from flaxlm.objectives.mlm import mlm_objective
     from flaxlm.data.mlm_masking import MLMMasker
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, pretrain, start_run
+    from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
+                                          train_and_evaluate)
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
@@ -61,8 +62,8 @@ def main(argv=None):
 
     # Train: masked tokens predicted at their slots only.
     objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows)
-    params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-                      eval_batch, test_rows)
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
+                                micro_batch, eval_batch, test_rows)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForMaskedLM")

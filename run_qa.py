@@ -31,14 +31,14 @@ def main(argv=None):
         description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
-    from flaxlm.objectives.mlm import resolve_seq_len
-    from flaxlm.models import load_for_task, split_model
+    from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, check_model_type, export, model_execution, pretrain, start_run
+    from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
+                                          train_and_evaluate)
     from flaxlm.data.squad import read_squad, squad_windows
     from flaxlm.tasks.squad_objective import predicted_answers, squad_objective
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
-    from flaxlm.training.loop import collect_predictions
+    from flaxlm.training.evaluation import collect_predictions
 
     check_sources(source, args)
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
@@ -46,12 +46,7 @@ def main(argv=None):
     # Tokenizer and model: the pretrained encoder with a start/end layer (new unless the checkpoint has one).
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    model_path = model_args.model_name_or_path or model_args.config_name
-    if not model_path:
-        raise UserError("no model given; pass --model_name_or_path DIR (e.g. a run_mlm_flax.py output directory)")
-    config, model = load_for_task(model_path, "question_answering", dtype=model_args.dtype, seed=args.seed,
-                                  execution=model_execution(model_args))
-    check_model_type(model_args, config)
+    config, model = load_model(model_args, seed=args.seed, task="question_answering")
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     graphdef, params = split_model(model)
@@ -77,8 +72,8 @@ def main(argv=None):
 
     # Train: start/end cross-entropy; evaluation reports exact match and F1 over the validation questions.
     objective = squad_objective(graphdef, config, seq_len, tokenizer.pad_token_id, qa_args, eval_windows)
-    params = pretrain(args, model_args, params, objective, train_rows, eval_windows and eval_windows[1],
-                      total_steps, mesh, micro_batch, eval_batch)
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_windows and eval_windows[1],
+                                total_steps, mesh, micro_batch, eval_batch)
     if params is None:
         return  # an evaluation job (--eval_checkpoints): nothing to write
 

@@ -29,7 +29,7 @@ def main(argv=None):
     from flaxlm.data.text import load_raw_text
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, pretrain, start_run
+    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.data.span_corruption import SpanCorruptor
     from flaxlm.objectives.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
@@ -64,8 +64,8 @@ def main(argv=None):
 
     # Train: the decoder predicts each sentinel and the tokens its span replaced.
     objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows)
-    params = pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-                      eval_batch, test_rows)
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
+                                micro_batch, eval_batch, test_rows)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.T5ForConditionalGeneration")

@@ -25,7 +25,7 @@ from bench.run import compile_step, parse_args  # noqa: E402
 from bench.setups import OBJECTIVES, SUITES, describe  # noqa: E402
 from flaxlm.training import mesh as meshlib  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
-from flaxlm.training.loop import initial_state  # noqa: E402
+from flaxlm.training.train_step import initial_state  # noqa: E402
 
 DTYPES = {"f32": np.float32, "bf16": jax.numpy.bfloat16, "f16": np.float16, "f64": np.float64}
 

@@ -24,7 +24,8 @@ estimate is above an accelerator's: XLA:CPU keeps float32 copies of bfloat16 act
 --scan_layers its figure does not shrink with --remat_policy (its schedule keeps every layer's residuals
 live); with both it does: roberta-base, batch 256 on one device, fp32, --scan_layers --remat_policy full:
 1.39 GiB of state + 6.08 GiB of temporaries (loop, no remat, extrapolated from batch 32/64: ~32 GiB).
-The step is flaxlm.training.loop's (make_train_step, initial_state, cpu_chunks), with AdamW.
+The step is the training loop's (flaxlm.training.train_step: BatchLayout, initial_state, compile_train_step),
+with AdamW.
 
 References, in the same command (--reference PYTHON; default: the cpu suite uses /tmp/hfref/bin/python
 when it exists, the gpu suite this interpreter, tiny none): cpu runs ../shared/bench/hf_reference.py
@@ -55,7 +56,7 @@ from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # n
 from flaxlm.errors import UserError, run_main  # noqa: E402
 from flaxlm.models import count_params, create_model, split_model  # noqa: E402
 from flaxlm.models.layer_stack import Execution  # noqa: E402
-from flaxlm.training.loop import cpu_chunks, initial_state, make_train_step  # noqa: E402
+from flaxlm.training.train_step import BatchLayout, compile_train_step, initial_state  # noqa: E402
 
 HF_REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "hf_reference.py")
 TORCH_REFERENCE = os.path.join(ROOT, "bench", "torch_reference.py")
@@ -104,34 +105,29 @@ def compile_step(task, c, a):
     mesh = meshlib.make_mesh()
     if c["batch"] % mesh.size:
         raise UserError(f"batch {c['batch']} does not divide over {mesh.size} devices; run on fewer devices")
-    chunks = cpu_chunks(c["batch"] // mesh.size, objective.tokens_per_example, a.cpu_chunk_tokens)
-    data, repl = meshlib.batch_sharding(mesh, leading_axes=1 if chunks > 1 else 0), meshlib.replicated(mesh)
+    layout = BatchLayout.plan(c["batch"], 1, mesh, objective.tokens_per_example, a.cpu_chunk_tokens)
     tx = optax.adamw(1e-4, weight_decay=0.01)
     state_shapes = jax.eval_shape(lambda p: initial_state(p, tx, mesh, "data")[0], params)
     shardings = state_shardings(state_shapes, mesh, "data")
-    step = jax.jit(make_train_step(objective.loss_sums, tx, chunks), in_shardings=(shardings, data, repl),
-                   out_shardings=(shardings, repl), donate_argnums=() if a.no_donate else 0)
+    step = compile_train_step(objective.loss_sums, tx, layout, shardings, donate=not a.no_donate)
     ids = np.random.default_rng(0).integers(5, c["vocab"] - 100, size=(c["batch"], row_len)).astype(np.int32)
 
     def host_batch(i):
-        batch = objective.collate(ids, np.random.default_rng(i))
-        if chunks > 1:
-            batch = {k: v.reshape(chunks, -1, *v.shape[1:]) for k, v in batch.items()}
-        return batch
+        return layout.pieces(objective.collate(ids, np.random.default_rng(i)))
 
     key = jax.random.PRNGKey(0)
     t = time.perf_counter()
     batch_shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in host_batch(0).items()}
     compiled = step.lower(state_shapes, batch_shapes, key).compile()
     return SimpleNamespace(compiled=compiled, compile_s=round(time.perf_counter() - t, 2), params=params,
-                           objective=objective, chunks=chunks, mesh=mesh, tx=tx, data=data, key=key,
+                           objective=objective, chunks=layout.chunks, mesh=mesh, tx=tx, data=layout.sharding, key=key,
                            host_batch=host_batch)
 
 
 def bench_task(task, c, a):
     """Compile the train step for setup c (from abstract inputs) and, unless --memory_only, time a.steps steps
     after two warm-up steps. Returns the figures as a dict."""
-    from flaxlm.training.flops import device_peak_flops
+    from flaxlm.training.flops import mesh_peak_flops
     built = compile_step(task, c, a)
     compiled, params, objective, chunks, mesh, tx, data, key, host_batch = (
         built.compiled, built.params, built.objective, built.chunks, built.mesh, built.tx, built.data, built.key,
@@ -178,9 +174,7 @@ def bench_task(task, c, a):
     jax.block_until_ready(previous)
     done.append(time.perf_counter())
     step_s = float(np.median(np.diff(done)))
-    peak, peak_source = device_peak_flops(a.dtype, a.peak_flops)
-    if peak and jax.devices()[0].platform != "cpu":
-        peak *= mesh.size  # one figure per device; on CPU the measured peak is the whole backend's
+    peak, peak_source = mesh_peak_flops(mesh, a.dtype, a.peak_flops)
     flops = objective.flops_per_example * c["batch"]
     measured = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
     if all(measured):

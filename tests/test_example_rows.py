@@ -5,7 +5,8 @@ import pytest
 
 from flaxlm.training import mesh as meshlib
 from flaxlm.data.rows import ShuffledRows, eval_batches
-from flaxlm.training.loop import Objective, collect_predictions, eval_steps_for, evaluate
+from flaxlm.training.evaluation import collect_predictions, eval_steps_for, evaluate
+from flaxlm.training.objective import Objective
 
 
 def linear_objective(seen):

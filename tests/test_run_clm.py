@@ -24,7 +24,7 @@ from flaxlm.data.rows import documents, from_text
 from flaxlm.data.text import load_raw_text
 from flaxlm.errors import UserError
 from flaxlm.models import MODELS, apply_model, create_model, load_config, load_pretrained, split_model
-from flaxlm.training.loop import evaluate
+from flaxlm.training.evaluation import evaluate
 
 
 @pytest.fixture(scope="module")

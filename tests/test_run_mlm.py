@@ -19,7 +19,8 @@ from flaxlm.objectives.mlm import mlm_objective
 from flaxlm.data.mlm_masking import MLMMasker
 from flaxlm.models import create_model, split_model
 from flaxlm.models.hf_io import load_config
-from flaxlm.training.loop import evaluate, make_train_step
+from flaxlm.training.evaluation import evaluate
+from flaxlm.training.train_step import make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,7 +18,7 @@ from flaxlm.errors import UserError
 from flaxlm.models import create_model, load_config, load_pretrained, split_model
 from flaxlm.data.span_corruption import SpanCorruptor
 from flaxlm.objectives.span_lm import span_objective
-from flaxlm.training.loop import evaluate
+from flaxlm.training.evaluation import evaluate
 
 
 @pytest.fixture(scope="module")

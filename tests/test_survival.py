@@ -263,7 +263,7 @@ def test_skip_nonfinite_steps_skips_and_the_state_is_untouched(model_dir, corpus
 def test_nonfinite_update_leaves_params_and_optimizer_state_bit_identical():
     import jax.numpy as jnp
     import optax
-    from flaxlm.training.loop import make_train_step
+    from flaxlm.training.train_step import make_train_step
 
     def loss_sums(params, batch, key):
         loss = jnp.sum((params["w"] * batch["x"]) ** 2)

@@ -5,7 +5,7 @@ from flaxlm.errors import UserError
 from flaxlm.training.flops import decoder_lm_train_flops
 from flaxlm.objectives.lm_loss import head_loss_sums
 from flaxlm.models import apply_hidden, family_of
-from flaxlm.training.loop import Objective
+from flaxlm.training.objective import Objective
 
 MAX_BLOCK_SIZE = 1024  # default block size when the tokenizer allows more (as Hugging Face's run_clm)
 

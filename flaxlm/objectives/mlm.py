@@ -1,22 +1,8 @@
-"""The masked-LM objective: loss and accuracy at the masked slots only, plus its sequence limits."""
-from flaxlm.errors import UserError
+"""The masked-LM objective: loss and accuracy at the masked slots only."""
 from flaxlm.training.flops import encoder_mlm_train_flops
 from flaxlm.objectives.lm_loss import head_loss_sums
-from flaxlm.models import apply_hidden, family_of
-from flaxlm.training.loop import Objective
-
-
-def resolve_seq_len(requested, tokenizer, config):
-    """--max_seq_length: at most the longest input the encoder's positions allow (its family's max_length)."""
-    limit = family_of(config).max_length(config)
-    if requested is None:
-        return min(tokenizer.model_max_length, limit, 512)
-    if requested > limit:
-        raise UserError(f"--max_seq_length {requested} is larger than the model allows ({limit} positions "
-                        f"from max_position_embeddings={config.max_position_embeddings}); use at most {limit}")
-    if requested < 4:
-        raise UserError(f"--max_seq_length {requested} is too short; use at least 4")
-    return requested
+from flaxlm.models import apply_hidden
+from flaxlm.training.objective import Objective
 
 
 def mlm_objective(graphdef, config, masker, seq_len, head_chunk_rows=None):

@@ -3,7 +3,7 @@ from flaxlm.errors import UserError
 from flaxlm.training.flops import encoder_decoder_train_flops
 from flaxlm.objectives.lm_loss import head_loss_sums
 from flaxlm.models import apply_hidden
-from flaxlm.training.loop import Objective
+from flaxlm.training.objective import Objective
 
 MAX_INPUT_LENGTH = 512  # default --max_seq_length when the tokenizer allows more (relative positions have no limit)
 

@@ -1,10 +1,11 @@
-"""Sentence prediction (GLUE-style classification or regression): the task's columns and metrics, the model, the
-objective the training loop runs, and the predictions file.
+"""Sentence prediction (GLUE-style classification or regression): the task's columns and metrics, the labels of
+the model's head, the objective the training loop runs, and the predictions file.
 
     task = resolve_task(task_args)                       # columns, regression or not, metrics (GLUE's per task)
-    config, model = load_classifier(model_args, ...)     # the encoder of a checkpoint + a classification head
+    config, model = load_model(model_args, seed, task="sequence_classification",
+                               **classifier_labels(task, names))   # flaxlm.training.pipeline: encoder + head
     objective = sentence_objective(graphdef, config, task, width, pad_id)
-    write_predictions(path, outputs, names)              # index<TAB>prediction (the label name, or the number)
+    write_predictions(path, task, logits, names)         # index<TAB>prediction (the label name, or the number)
 
 The loss is the mean cross-entropy over the batch's examples (regression: the mean squared error of the single
 output), as Hugging Face's *ForSequenceClassification computes it. Metrics come from scikit-learn and scipy.
@@ -20,7 +21,7 @@ import numpy as np
 from flaxlm.errors import UserError
 from flaxlm.training.flops import encoder_mlm_train_flops
 from flaxlm.models import apply_model
-from flaxlm.training.loop import Objective
+from flaxlm.training.objective import Objective
 
 # GLUE task -> (sentence1 column, sentence2 column, metrics, regression), as the GLUE benchmark scores each task
 GLUE_TASKS = {
@@ -73,33 +74,12 @@ def resolve_task(args, text_column=None):
                 is_regression=is_regression, metrics=metrics)
 
 
-def load_classifier(model_args, task, label_names, seed):
-    """(config, model): --model_name_or_path's encoder with a classification head (fresh unless the checkpoint
-    has one for these labels), or a fresh model from --config_name. label_names None: regression (1 output)."""
-    from flaxlm.models import TASK_MODEL_TYPES, create_model, load_config, load_for_task, task_config
-    from flaxlm.models.hf_io import has_weights, resolve_dir
-    from flaxlm.training.pipeline import check_model_type, model_execution
-    path = model_args.model_name_or_path or model_args.config_name
-    if not path:
-        raise UserError("no model given; pass --model_name_or_path DIR (a pretrained BERT/RoBERTa, e.g. the "
-                        "export of run_mlm_flax.py), or --config_name DIR to train one from scratch")
-    config = load_config(path)
-    if config.model_type not in TASK_MODEL_TYPES:
-        raise UserError(f"{path} holds a {config.model_type} model; sentence prediction fine-tunes BERT or RoBERTa")
-    check_model_type(model_args, config)
-    head = dict(id2label=None if task.is_regression else dict(enumerate(label_names)),
+def classifier_labels(task, label_names):
+    """The classification head's labels for load_model (flaxlm.training.pipeline): label_names [id] -> name, or
+    None for regression (1 output)."""
+    return dict(id2label=None if task.is_regression else dict(enumerate(label_names)),
                 num_labels=1 if task.is_regression else None,
                 problem_type="regression" if task.is_regression else "single_label_classification")
-    kind = "sequence_classification"
-    if model_args.model_name_or_path:
-        if not has_weights(resolve_dir(path)):
-            raise UserError(f"no model weights (model.safetensors) in {path}; pass a pretrained model directory, "
-                            f"or --config_name {path} to train from scratch")
-        return load_for_task(path, kind, dtype=model_args.dtype, seed=seed, execution=model_execution(model_args),
-                             **head)
-    config = task_config(config, kind, **head)
-    return config, create_model(config, dtype=model_args.dtype, seed=seed, task=kind,
-                                execution=model_execution(model_args))
 
 
 def sentence_objective(graphdef, config, task, width, pad_id):

@@ -14,7 +14,7 @@ from flaxlm.training.flops import encoder_mlm_train_flops
 from flaxlm.models import apply_model
 from flaxlm.tasks.squad_answers import best_answers
 from flaxlm.tasks.squad_metric import squad_scores
-from flaxlm.training.loop import Objective
+from flaxlm.training.objective import Objective
 
 BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
 MASKED = -1e9  # the logit of a padding position

@@ -1,2 +1,3 @@
-"""Training machinery every script shares: the loop, the device mesh and sharding, checkpoints, the optimizer,
-logging, surviving preemption and divergence, and the run's setup and export (pipeline)."""
+"""Training machinery every script shares: the loop (loop.py) and its pieces (train_step, progress, evaluation,
+saving), the device mesh and sharding, checkpoints, the optimizer, logging, surviving preemption and divergence,
+and the steps of the scripts' pipeline from their options to the export (pipeline)."""

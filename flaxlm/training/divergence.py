@@ -22,15 +22,32 @@ def apply_if_finite(finite, tx, grads, opt_state, params):
 
 
 class NonFiniteSteps:
-    """Counts skipped steps; `check(step, metrics)` raises UserError past the allowance."""
+    """The host's side: `watch(step, metrics)` after each step, `check_all()` before logging and at the end;
+    raises UserError once more than `allowed` steps were not finite."""
 
     def __init__(self, allowed, last_checkpoint):
         self.allowed = allowed or 0
         self.skipped = 0
         self.last_checkpoint = last_checkpoint  # () -> description of the newest checkpoint on disk
+        self._unchecked = []  # (step, device metrics) whose flag the host has not read yet
 
-    def check(self, step, metrics):
-        """metrics: the step's host metrics (with 'finite', 'loss', 'grad_norm'); step is 1-based."""
+    def watch(self, step, metrics):
+        """Take step's device metrics (step is 1-based) and check the steps before it: reading the previous
+        step's flag does not stall this one, which may still run."""
+        self._unchecked.append((step, metrics))
+        self._check(keep_last=1)
+
+    def check_all(self):
+        """Check every step watched so far."""
+        self._check(keep_last=0)
+
+    def _check(self, keep_last):
+        while len(self._unchecked) > keep_last:
+            step, metrics = self._unchecked.pop(0)
+            self._check_step(step, jax.device_get(metrics))
+
+    def _check_step(self, step, metrics):
+        """metrics: the step's host metrics (with 'finite', 'loss', 'grad_norm')."""
         if metrics["finite"]:
             return
         self.skipped += 1

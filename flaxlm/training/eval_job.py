@@ -9,39 +9,36 @@ evaluated again, so a restarted job evaluates every checkpoint exactly once.
 import os
 import time
 
-import jax
-from tqdm.auto import tqdm
-
-from flaxlm.training.checkpoint import Checkpointer, saved_steps
 from flaxlm.errors import UserError
-from flaxlm.training.run_log import RunLog
-from flaxlm.training.loop import describe_metrics, eval_steps_for, evaluate, initial_state
+from flaxlm.training.checkpoint import Checkpointer, saved_steps
+from flaxlm.training.evaluation import Evaluator
+from flaxlm.training.run_log import RunLog, say
+from flaxlm.training.train_step import initial_state
 
 EVAL_LOG = "eval_metrics.jsonl"
 POLL_SECONDS = 2.0
 
 
-def evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps, dtype=None):
+def evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps):
+    """Evaluate the checkpoints of --output_dir as --eval_checkpoints says (the module docstring); params and tx
+    give the train state's shapes and shardings, total_steps the final step to wait for."""
     if eval_rows is None:
         raise UserError("--eval_checkpoints needs validation data; pass --validation_file (or a dataset with a "
                         "validation split, or keep --validation_split_percentage above 0)")
     like_state, shardings = initial_state(params, tx, mesh, args.sharding)
-    eval_step, predict_step = eval_steps_for(objective, mesh, shardings["params"])
     checkpointer = Checkpointer(args.output_dir)
     log = RunLog(args.output_dir, fresh=False, filename=EVAL_LOG, tensorboard=os.path.join("tensorboard",
                                                                                             "eval_checkpoints"))
+    evaluate = Evaluator(objective, mesh, shardings["params"], eval_batch, args.seed, log, what="checkpoint")
 
     def run(step):
         checkpointer.manager.reload()  # see the checkpoints the training job wrote since we started
         try:
             state, _ = checkpointer.restore(step, like_state)
         except Exception as e:  # deleted by --save_total_limit meanwhile, or unreadable: not ours to move
-            _say(f"checkpoint {checkpointer.path(step)} could not be read ({type(e).__name__}); skipped it")
+            say(f"checkpoint {checkpointer.path(step)} could not be read ({type(e).__name__}); skipped it")
             return
-        result = evaluate(eval_step, state["params"], objective, eval_rows, eval_batch, mesh, args.seed,
-                          predict_step)
-        log.write(step, "eval", result)
-        _say(f"checkpoint {step}: eval {describe_metrics(result)}")
+        evaluate(state["params"], step, eval_rows)
 
     try:
         if args.eval_checkpoints == "latest":
@@ -53,7 +50,7 @@ def evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batc
             return
         done = log.logged_steps("eval")
         last_new = time.monotonic()
-        _say(f"evaluating each checkpoint of {checkpointer.root} as it appears, until step {total_steps} "
+        say(f"evaluating each checkpoint of {checkpointer.root} as it appears, until step {total_steps} "
              f"(results in {log.path})")
         while total_steps not in done:
             new = sorted(s for s in saved_steps(checkpointer.root) if s not in done)
@@ -63,16 +60,12 @@ def evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batc
             if new:
                 last_new = time.monotonic()
             elif time.monotonic() - last_new > args.eval_timeout:
-                _say(f"no new checkpoint in {args.eval_timeout:g} s; stopped before the final step {total_steps}")
+                say(f"no new checkpoint in {args.eval_timeout:g} s; stopped before the final step {total_steps}")
                 return
             else:
                 time.sleep(POLL_SECONDS)
-        _say(f"evaluated the final checkpoint (step {total_steps})")
+        say(f"evaluated the final checkpoint (step {total_steps})")
     finally:
         log.close()
         checkpointer.close()
 
-
-def _say(msg):
-    if jax.process_index() == 0:
-        tqdm.write(msg)

@@ -82,6 +82,15 @@ def device_peak_flops(dtype="float32", override=None):
     return measure_cpu_peak(dtype), f"measured {dtype} matmul on this CPU"
 
 
+def mesh_peak_flops(mesh, dtype="float32", override=None):
+    """(peak FLOP/s of all the mesh's devices or None when unknown, where the figure comes from). On CPU the
+    measured figure is the whole backend's already."""
+    peak, source = device_peak_flops(dtype, override)
+    if peak is None:
+        return None, source
+    return peak * (1 if jax.devices()[0].platform == "cpu" else mesh.size), source
+
+
 _CPU_PEAK = {}
 
 

@@ -1,4 +1,6 @@
-"""Steps every pretraining script shares between its options and its training loop."""
+"""The steps of the scripts' pipeline (their docstrings' "Pipeline: options -> output directory -> tokenizer and
+model -> data -> training -> export") that every training script shares: start_run, load_model, resolve_seq_len,
+batch_sizes, train_and_evaluate (training, evaluation, or an evaluation job) and export."""
 import os
 
 from flaxlm.errors import UserError
@@ -17,29 +19,52 @@ def start_run(args, model_args):
         check_hub_access(args.hub_token or model_args.token)
 
 
-def load_model(model_args, seed, script):
-    """(config, model): continued from --model_name_or_path, or new from --config_name; the config's
-    model_type must be one of the families `script` trains (Family.script)."""
-    from flaxlm.models import create_model, load_config, load_pretrained
-    from flaxlm.models.registry import FAMILIES
-    model_types = [model_type for model_type, family in FAMILIES.items() if family.script == script]
+# What to pass when neither --model_name_or_path nor --config_name is given: pretraining, or a fine-tuning task.
+NO_MODEL_HINTS = {
+    None: "--config_name DIR (write one with create_config.py) to train from scratch, or --model_name_or_path DIR "
+          "to continue a Hugging Face checkpoint",
+    "sequence_classification": "--model_name_or_path DIR (a pretrained BERT/RoBERTa, e.g. the export of "
+                               "run_mlm_flax.py), or --config_name DIR to train one from scratch",
+    "question_answering": "--model_name_or_path DIR (e.g. a run_mlm_flax.py output directory)",
+}
+
+
+def load_model(model_args, seed, script=None, task=None, **labels):
+    """(config, model) a script trains: continued from --model_name_or_path, or new from --config_name.
+
+    Pretraining (task None): the family's pretraining model; the config's model_type must be one of the families
+    `script` pretrains (Family.script). Fine-tuning (task "sequence_classification" or "question_answering"): the
+    encoder with that task's head (fresh unless the checkpoint has one; flaxlm.models.load_for_task), on a family
+    that has the head; labels: the classifier's id2label / num_labels / problem_type (task_config)."""
+    from flaxlm.models import create_model, load_config, load_for_task, load_pretrained, model_class, task_config
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
-        raise UserError("no model given; pass --config_name DIR (write one with create_config.py) to train from "
-                        "scratch, or --model_name_or_path DIR to continue a Hugging Face checkpoint")
+        raise UserError(f"no model given; pass {NO_MODEL_HINTS[task]}")
     config = load_config(path)
+    if task is None:
+        check_script_trains(script, path, config)
+    else:
+        model_class(config, task)  # UserError unless the family has the task's head
+    check_model_type(model_args, config)
+    execution = model_execution(model_args)
+    if not model_args.model_name_or_path:  # new, from --config_name
+        if task is not None:
+            config = task_config(config, task, **labels)
+        return config, create_model(config, dtype=model_args.dtype, seed=seed, task=task, execution=execution)
+    if task is None:
+        return load_pretrained(path, dtype=model_args.dtype, execution=execution)
+    return load_for_task(path, task, dtype=model_args.dtype, seed=seed, execution=execution, **labels)
+
+
+def check_script_trains(script, path, config):
+    """UserError unless config's model_type is one of the families `script` pretrains, naming the right one."""
+    from flaxlm.models.registry import FAMILIES
+    model_types = [model_type for model_type, family in FAMILIES.items() if family.script == script]
     if config.model_type not in model_types:
         other = FAMILIES[config.model_type].script if config.model_type in FAMILIES else None
         hint = f"use {other}" if other else f"use a {' or '.join(model_types)} config"
         raise UserError(f"{path} holds a {config.model_type} model but {script} trains {', '.join(model_types)}; "
                         f"{hint}")
-    check_model_type(model_args, config)
-    if model_args.model_name_or_path:
-        config, model = load_pretrained(model_args.model_name_or_path, dtype=model_args.dtype,
-                                        execution=model_execution(model_args))
-    else:
-        model = create_model(config, dtype=model_args.dtype, seed=seed, execution=model_execution(model_args))
-    return config, model
 
 
 def model_execution(model_args):
@@ -56,6 +81,21 @@ def check_model_type(model_args, config):
                         f"{config.model_type}; drop --model_type or use a {model_args.model_type} model")
 
 
+def resolve_seq_len(requested, tokenizer, config):
+    """--max_seq_length of an encoder's rows (run_mlm_flax, run_classification, run_qa): at most the longest input
+    the model's positions allow (its family's max_length); by default also at most the tokenizer's and 512."""
+    from flaxlm.models import family_of
+    limit = family_of(config).max_length(config)
+    if requested is None:
+        return min(tokenizer.model_max_length, limit, 512)
+    if requested > limit:
+        raise UserError(f"--max_seq_length {requested} is larger than the model allows ({limit} positions "
+                        f"from max_position_embeddings={config.max_position_embeddings}); use at most {limit}")
+    if requested < 4:
+        raise UserError(f"--max_seq_length {requested} is too short; use at least 4")
+    return requested
+
+
 def batch_sizes(args, mesh):
     """(micro batch, eval batch, global batch): global row counts that divide over the mesh's devices."""
     from flaxlm.training import mesh as meshlib
@@ -66,8 +106,8 @@ def batch_sizes(args, mesh):
     return micro, evals, micro * args.gradient_accumulation_steps
 
 
-def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-             eval_batch, test_rows=None):
+def train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
+                       eval_batch, test_rows=None):
     """The optimizer (weight decay off for biases and norms), the run log and the training loop over
     `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params. With
     --eval_checkpoints it evaluates the saved checkpoints instead (flaxlm.training.eval_job) and returns None."""
@@ -78,7 +118,7 @@ def pretrain(args, model_args, params, objective, train_rows, eval_rows, total_s
     tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
     if args.eval_checkpoints:  # an evaluation job: no training, no export
         from flaxlm.training.eval_job import evaluate_checkpoints
-        evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps, model_args.dtype)
+        evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps)
         return None
     log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
     try:

@@ -1,4 +1,5 @@
-"""Where a run reports: TensorBoard events (tensorboardX, no TensorFlow) and OUTPUT_DIR/metrics.jsonl.
+"""Where a run reports: TensorBoard events (tensorboardX, no TensorFlow), OUTPUT_DIR/metrics.jsonl, and lines
+on the console above the progress bars (say).
 
 Only process 0 writes. Each jsonl line is {"step": N, "split": "train"|"eval", ...metrics}.
 """
@@ -7,6 +8,13 @@ import os
 import time
 
 import jax
+from tqdm.auto import tqdm
+
+
+def say(msg):
+    """Print a line from process 0, above the progress bars."""
+    if jax.process_index() == 0:
+        tqdm.write(msg)
 
 
 class RunLog:

@@ -1,0 +1,66 @@
+"""The training loop's checkpoints: each one with the meta a resume needs (data position, seed, batch), the
+resume with its checks, and the save on SIGTERM / SIGINT (flaxlm.training.preemption) before the run exits.
+How the state is written and read back is flaxlm.training.checkpoint's."""
+from flaxlm.errors import UserError
+from flaxlm.training.checkpoint import Checkpointer, restore_for_resume
+from flaxlm.training.preemption import Preempted
+from flaxlm.training.run_log import say
+
+
+class Saver:
+    def __init__(self, args, train_rows, global_batch):
+        """args: the TrainingArgs (--output_dir, --save_steps, --save_total_limit, --async_checkpointing,
+        --resume_from_checkpoint, --seed); train_rows: the rows of each step (their epoch goes in the meta)."""
+        self.checkpointer = Checkpointer(args.output_dir, max_to_keep=args.save_total_limit,
+                                         background=args.async_checkpointing)
+        self.every, self.resume_from = args.save_steps, args.resume_from_checkpoint
+        self.train_rows, self.global_batch = train_rows, global_batch
+        self.seed = args.seed  # a resumed run continues with its checkpoint's seed
+
+    def resume(self, state, log):
+        """(first step, state): 0 and `state` for a fresh run; with --resume_from_checkpoint, the checkpoint's
+        step and state, after checking it was written with this run's batch and rows; the log rows past it
+        are dropped (the steps after it are run again)."""
+        if not self.resume_from:
+            return 0, state
+        start, state, meta, resume_dir = restore_for_resume(self.resume_from, self.checkpointer, state)
+        log.drop_after(start)  # rows a killed run logged past its last checkpoint are redone
+        rows = self._num_train_rows()
+        if meta.get("global_batch") != self.global_batch or meta.get("num_train_rows") != rows:
+            raise UserError(f"checkpoint {start} was written with global batch {meta.get('global_batch')} over "
+                            f"{meta.get('num_train_rows')} training rows, this run has {self.global_batch} over "
+                            f"{rows}; resume with the same data and batch flags")
+        self.seed = meta["seed"]
+        say(f"resumed from step {start} of {resume_dir} (epoch {meta['epoch']}, seed {self.seed})")
+        return start, state
+
+    def due(self, step, total_steps):
+        """Whether the loop saves after `step`: every --save_steps, and the last step."""
+        return step % self.every == 0 or step == total_steps
+
+    def save(self, step, state):
+        meta = {"step": step, "epoch": self.train_rows.epoch_of(step), "seed": self.seed,
+                "global_batch": self.global_batch, "num_train_rows": self._num_train_rows(),
+                "rows_consumed": step * self.global_batch}
+        self.checkpointer.save(step, state, meta)
+
+    def stop(self, signal_name, step, total_steps, state, progress):
+        """On a signal after `step`: log the pending steps, save the step (unless just saved), and exit
+        (Preempted, code 0) once the checkpoint is on disk."""
+        if progress.pending:
+            progress.write(step)
+        if not self.due(step, total_steps):
+            self.save(step, state)
+        self.checkpointer.close()  # the checkpoint is on disk before we say so
+        progress.close()
+        say(f"{signal_name}: stopped after step {step} of {total_steps} and saved it to "
+            f"{self.checkpointer.path(step)}; to continue, rerun the same command with "
+            f"--resume_from_checkpoint latest")
+        raise Preempted()
+
+    def close(self):
+        """Wait for a save in flight (also when the loop dies)."""
+        self.checkpointer.close()
+
+    def _num_train_rows(self):
+        return getattr(self.train_rows, "num_rows", None)
