@@ -135,6 +135,21 @@ def test_bad_input_one_line_exit_2(pretrained, tmp_path, capsys, case, message):
     assert not os.path.exists(tmp_path / "out" / "model.safetensors")
 
 
+def test_a_model_directory_without_weights_is_refused(pretrained, tmp_path):
+    """Fine-tuning starts from trained weights: a --model_name_or_path that holds only config.json (and the
+    tokenizer) is an error that names --config_name, the way to train from scratch."""
+    import shutil
+    bare = tmp_path / "bare"
+    shutil.copytree(pretrained, bare)
+    (bare / "model.safetensors").unlink()
+    train = write_tsv(tmp_path / "train.tsv", sentences(16, 1))
+    with pytest.raises(UserError, match=r"no model weights \(model.safetensors\) in .*bare; pass a pretrained model "
+                                        r"directory, or --config_name .*bare to train from scratch"):
+        run_classification.main(["--output_dir", str(tmp_path / "out"), "--model_name_or_path", str(bare),
+                                 "--train_file", train])
+    assert not os.path.exists(tmp_path / "out" / "model.safetensors")
+
+
 def test_glue_task_defaults_and_metric_choice():
     def task(**kw):
         return resolve_task(SentencePredictionArgs(**kw))

@@ -240,7 +240,7 @@ def test_run_qa_learns_to_answer_and_exports_for_transformers(qa_tokenizers, tmp
     model_dir, tok = qa_tokenizers["bpe"]
     data = facts_file(tmp_path / "facts.json")
     out = tmp_path / "run"
-    args = ["--output_dir", str(out), "--model_name_or_path", model_dir, "--train_file", data,
+    args = ["--output_dir", str(out), "--config_name", model_dir, "--tokenizer_name", model_dir, "--train_file", data,
             "--validation_file", data, "--max_seq_length", "64", "--doc_stride", "16",
             "--per_device_train_batch_size", "1", "--learning_rate", "3e-3", "--warmup_steps", "5",
             "--max_steps", "160", "--logging_steps", "40", "--eval_steps", "160", "--save_steps", "160"]

@@ -37,6 +37,7 @@ def load_model(model_args, seed, script=None, task=None, **labels):
     encoder with that task's head (fresh unless the checkpoint has one; flaxlm.models.load_for_task), on a family
     that has the head; labels: the classifier's id2label / num_labels / problem_type (task_config)."""
     from flaxlm.models import create_model, load_config, load_for_task, load_pretrained, model_class, task_config
+    from flaxlm.models.hf_io import has_weights, resolve_dir
     path = model_args.model_name_or_path or model_args.config_name
     if not path:
         raise UserError(f"no model given; pass {NO_MODEL_HINTS[task]}")
@@ -53,6 +54,9 @@ def load_model(model_args, seed, script=None, task=None, **labels):
         return config, create_model(config, dtype=model_args.dtype, seed=seed, task=task, execution=execution)
     if task is None:
         return load_pretrained(path, dtype=model_args.dtype, execution=execution)
+    if not has_weights(resolve_dir(path)):  # fine-tuning starts from trained weights; --config_name starts fresh
+        raise UserError(f"no model weights (model.safetensors) in {path}; pass a pretrained model directory, or "
+                        f"--config_name {path} to train from scratch")
     return load_for_task(path, task, dtype=model_args.dtype, seed=seed, execution=execution, **labels)
 
 
