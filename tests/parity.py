@@ -197,6 +197,23 @@ def assert_same_params(a, b):
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
 
 
+def assert_initialized_like_transformers(config, hf_class, exact):
+    """Our initialization of config against transformers' hf_class (its _init_weights), tensor by tensor in its
+    names: the same where exact(name) (biases, norms), elsewhere a mean near 0 and the std within 20%. Returns
+    our tensors."""
+    ours = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    torch.manual_seed(0)
+    ref = {k: v.numpy() for k, v in hf_class(config).state_dict().items()}
+    assert set(ours) <= set(ref)
+    for name, x in ours.items():
+        if exact(name):
+            np.testing.assert_array_equal(x, ref[name])
+        else:
+            assert abs(x.mean()) < 0.2 * ref[name].std() + 1e-3, name
+            assert x.std() == pytest.approx(ref[name].std(), rel=0.2), name
+    return ours
+
+
 def assert_load_fails(config, tensors, pattern):
     """Loading `tensors` under `config` raises a one-line UserError matching pattern."""
     with pytest.raises(UserError, match=pattern) as e:
