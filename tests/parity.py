@@ -6,8 +6,8 @@ an input batch of the family's kind, and compare what the two compute:
 
     hf = random_hf(case)                               # transformers' model, noise on every tensor
     b = batch(case)                                    # b.args for our model, b.hf for transformers'
-    assert_close_at_real(our_model(*b.args), hf_logits(hf, b.hf), b.real_BL, case.tol)
-    assert_losses_match(case, our_model, hf, b)        # transformers' loss from labels is ours
+    assert_close_at_real(model(*jnp_args(b)), hf_logits(hf, b.hf), b.real_BL, case.tol)
+    assert_losses_match(case, model, hf, b)            # transformers' loss from labels is ours
 """
 import os
 from dataclasses import dataclass
@@ -24,15 +24,13 @@ from flaxlm import models
 from flaxlm.errors import UserError
 from generation_check import add_noise
 
-INPUTS = ("encoder", "encoder-decoder", "causal")
-
 
 @dataclass(frozen=True)
 class Case:
     """One tiny model of a family, checked against transformers' model of it."""
     name: str  # the case within its family ("post_ln_projected"); str(case) adds the model_type
     hf_class: type  # transformers' model class; its config_class builds the config from `fields`
-    inputs: str  # one of INPUTS: encoder ids, mask and token types; T5's encoder and decoder; causal, left-padded
+    inputs: str  # a key of BATCHES: "encoder" (ids, mask, token types), "encoder-decoder", "causal" (left-padded)
     fields: dict  # the transformers config's fields
     std: float = 0.1  # the noise added to every weight, on either side
     tol: float = 1e-4  # the largest |logit difference| allowed against transformers
@@ -41,7 +39,7 @@ class Case:
     bf16_rel: float = 0.05  # bfloat16 logits within bf16_rel * max |float32 logit| + 0.05 of float32's
 
     def __post_init__(self):
-        assert self.inputs in INPUTS, self.inputs
+        assert self.inputs in BATCHES, self.inputs
 
     def __str__(self):
         return f"{self.model_type}-{self.name}"
@@ -144,6 +142,7 @@ def batch(case, seed=0, config=None):
 
 
 def jnp_args(b):
+    """The batch's inputs for our model, as jax arrays."""
     return tuple(map(jnp.asarray, b.args))
 
 

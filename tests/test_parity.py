@@ -1,7 +1,8 @@
 """Every family's tiny models against transformers' PyTorch models: the checks that apply to all of them.
 
 CASES is the table of tiny models (tests/parity.py: Case). A new family adds its cases here, and its own checks,
-if it has any, in tests/test_<family>.py. Each check runs on every case (the decoding ones on the causal LMs):
+if it has any, in tests/test_<family>.py. Each check runs on every case (the KV cache on every causal LM, greedy
+generation on one case of each causal family):
 transformers' checkpoint loads into ours with its logits and loss; ours loads into transformers, cleanly, with the
 same parameter count and logits; the tensors we write are named as transformers writes them; loading is strict;
 bfloat16 stays close to float32; dropout depends only on its key; the KV cache decodes the full forward's
@@ -78,6 +79,8 @@ CASES = [
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
+# greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
+GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"]]
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
         "causal": transformers.AutoModelForCausalLM}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)
@@ -196,10 +199,18 @@ def test_kv_cache_decodes_the_full_forward(case):
     assert err < case.cache_tol, err
 
 
-@pytest.mark.parametrize("case", CAUSAL, ids=str)
+@pytest.mark.parametrize("case", GREEDY, ids=str)
 def test_greedy_generation_picks_the_tokens_of_transformers(case, tmp_path):
     """flaxlm.models.generation (left-padded prompts, KV cache) against transformers' generate, no EOS stop."""
     hf = random_hf(case, seed=3, std=0.3)  # noisier: continuations that are not one repeated token
     hf.save_pretrained(tmp_path)
     tokens = assert_greedy_matches_transformers(hf, tmp_path, [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]], 6)
     assert len({t for row in tokens for t in row}) > 1  # not a degenerate repeat of one token
+
+
+def test_every_registered_family_has_cases():
+    """A family registered in flaxlm.models.registry is checked here: its cases are in CASES (a causal LM's in
+    GREEDY too)."""
+    from flaxlm.models.registry import FAMILIES
+    assert {c.model_type for c in CASES} == set(FAMILIES)
+    assert {c.model_type for c in GREEDY} == {c.model_type for c in CAUSAL}
