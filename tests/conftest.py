@@ -9,6 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pathlib  # noqa: E402
+import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -37,12 +38,31 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_gpt2_dir(tmp_path_factory, corpus):
-    """Our BPE tokenizer (304 tokens: divisible by 8 devices) and a gpt2-tiny config beside it."""
+def model_dir_for(tmp_path_factory, corpus):
+    """model_dir_for(preset, tokenizer="bpe", vocab_size=300, model_max_length=64): a directory holding the
+    tokenizer train_tokenizer.py trains on the corpus and, unless preset is None, the config.json create_config.py
+    writes for the preset beside it. Each is made once a session: tests copy one before changing it."""
     import create_config
     import train_tokenizer
-    d = str(tmp_path_factory.mktemp("tiny_gpt2"))
-    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "304",
-                          "--model_max_length", "64", "--output_dir", d])
-    create_config.main(["--preset", "gpt2-tiny", "--output_dir", d])
-    return d
+    made = {}
+
+    def model_dir(preset, tokenizer="bpe", vocab_size=300, model_max_length=64):
+        key = (preset, tokenizer, vocab_size, model_max_length)
+        if key not in made:
+            d = str(tmp_path_factory.mktemp(f"{preset or 'tokenizer'}-{tokenizer}-{vocab_size}"))
+            if preset is None:
+                train_tokenizer.main(["--type", tokenizer, "--train_file", corpus["train"], "--vocab_size",
+                                      str(vocab_size), "--model_max_length", str(model_max_length), "--output_dir", d])
+            else:
+                shutil.copytree(model_dir(None, tokenizer, vocab_size, model_max_length), d, dirs_exist_ok=True)
+                create_config.main(["--preset", preset, "--output_dir", d])
+            made[key] = d
+        return made[key]
+
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(model_dir_for):
+    """Our BPE tokenizer (304 tokens: divisible by 8 devices) and a gpt2-tiny config beside it."""
+    return model_dir_for("gpt2-tiny", vocab_size=304)

@@ -1,6 +1,7 @@
 """Greedy generation of our causal LMs checked token for token against transformers' PyTorch generate.
 
-Shared by the parity tests of every decoder-only family (GPT-2, OPT, Llama):
+Used by tests/test_parity.py (one case of each causal family) and tests/test_generate.py; add_noise by
+tests/parity.py too:
 
     hf_model = GPT2LMHeadModel(config).eval(); add_noise(hf_model); hf_model.save_pretrained(model_dir)
     assert_greedy_matches_transformers(hf_model, model_dir, prompts, max_new_tokens, eos_token_id=None)

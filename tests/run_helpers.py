@@ -1,9 +1,48 @@
-"""Helpers the end-to-end run tests share."""
+"""Helpers the end-to-end run tests share: the flags of a tiny run, the user errors, the metrics a run logs,
+its losses on 1 and 8 devices and after a resume."""
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
 
 import pytest
+
+from flaxlm.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_args(model_dir, corpus, out, *flags, model_flag="--config_name"):
+    """A tiny run's flags: output to `out`, model_dir's model (model_flag --config_name: a fresh one;
+    --model_name_or_path: its weights) and tokenizer, the corpus, one row per device in training and two in
+    evaluation, two warmup steps, a log line a step; then `flags`, the script's and the test's own."""
+    return ["--output_dir", str(out), model_flag, model_dir, "--tokenizer_name", model_dir,
+            "--train_file", corpus["train"], "--validation_file", corpus["validation"],
+            "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--warmup_steps", "2",
+            "--logging_steps", "1", *flags]
+
+
+def expect_user_error(main, argv, match):
+    """main(argv) stops with a UserError matching `match`: the one line the script prints before exiting 2."""
+    with pytest.raises(UserError, match=match):
+        main(argv)
+
+
+def run_script(script, argv, env=None):
+    """`python script argv` in the checkout, as a user runs it: the finished process (text output captured)."""
+    return subprocess.run([sys.executable, script, *argv], cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def with_vocab_size(model_dir, tmp_path, vocab_size=100):
+    """A copy of model_dir whose config.json says vocab_size (fewer tokens than its tokenizer has)."""
+    small = tmp_path / "small_vocab"
+    shutil.copytree(model_dir, small)
+    config = json.loads((small / "config.json").read_text())
+    config["vocab_size"] = vocab_size
+    (small / "config.json").write_text(json.dumps(config))
+    return str(small)
 
 
 def read_metrics(out, split="train"):

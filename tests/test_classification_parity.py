@@ -11,11 +11,23 @@ import transformers
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from test_bert_parity import batch, randomize, tiny_config
+from generation_check import add_noise
+from parity import batch, randomize
+from test_parity import CASE
 
 AUTO = {"sequence_classification": transformers.AutoModelForSequenceClassification,
         "question_answering": transformers.AutoModelForQuestionAnswering}
 CASES = [(m, t) for m in ("bert", "roberta") for t in AUTO]
+
+
+def tiny_config(model_type, **overrides):
+    """The parity table's BERT / RoBERTa config (initializer_range 0.2: logits far from 0)."""
+    return CASE[f"{model_type}-gelu"].config(**overrides)
+
+
+def inputs(config, seed=0):
+    """ids, attention_mask, token_type_ids [2, 12] (row 1 padded) of the parity checks, for config."""
+    return batch(CASE[f"{config.model_type}-gelu"], seed, config).args
 
 
 def hf_outputs(hf, ids, mask, types):
@@ -44,13 +56,10 @@ def assert_close(ours, ref, mask):
 def test_hf_to_flaxlm(tmp_path, model_type, task):
     config = tiny_config(model_type, num_labels=3 if task == "sequence_classification" else 2)
     torch.manual_seed(0)
-    hf = AUTO[task].from_config(config)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+    hf = add_noise(AUTO[task].from_config(config))
     hf.save_pretrained(tmp_path)
     _, model = models.load_for_task(tmp_path, task)
-    ids, mask, types = batch(config)
+    ids, mask, types = inputs(config)
     ours = model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
     assert_close(ours, hf_outputs(hf, ids, mask, types), mask)
 
@@ -59,7 +68,7 @@ def test_hf_to_flaxlm(tmp_path, model_type, task):
 def test_flaxlm_to_hf(tmp_path, model_type, task):
     config = models.task_config(tiny_config(model_type), task, id2label={0: "neg", 1: "neu", 2: "pos"})
     graphdef, params = models.split_model(models.create_model(config, seed=1, task=task))
-    params = randomize(params, seed=1)
+    params = randomize(params, seed=1, std=0.3)
     models.save_pretrained(tmp_path, config, params)
     hf, info = AUTO[task].from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
@@ -67,7 +76,7 @@ def test_flaxlm_to_hf(tmp_path, model_type, task):
     assert type(hf).__name__ == ("Roberta" if model_type == "roberta" else "Bert") + suffix
     if task == "sequence_classification":
         assert hf.config.id2label == {0: "neg", 1: "neu", 2: "pos"} and hf.config.label2id["pos"] == 2
-    ids, mask, types = batch(config, seed=1)
+    ids, mask, types = inputs(config, seed=1)
     ours = models.apply_model(graphdef, params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
     assert_close(ours, hf_outputs(hf, ids, mask, types), mask)
     assert models.count_params(params) == sum(p.numel() for p in hf.parameters())
@@ -81,7 +90,7 @@ def test_regression_head_and_classifier_dropout(tmp_path):
     models.save_pretrained(tmp_path, config, params)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path)
     assert hf.config.problem_type == "regression" and hf.config.num_labels == 1
-    ids, mask, types = batch(config)
+    ids, mask, types = inputs(config)
     det = models.apply_model(graphdef, params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
     assert det.shape == (2, 1)
     drop = [models.apply_model(graphdef, params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types),
@@ -119,7 +128,7 @@ def test_load_for_task_from_pretraining_checkpoints(tmp_path, caplog):
     # only config.json: a fresh model
     models.save_config(tmp_path / "scratch", tiny_config("roberta"))
     cfg, model = models.load_for_task(tmp_path / "scratch", "sequence_classification", id2label={0: "a", 1: "b"})
-    assert cfg.label2id == {"a": 0, "b": 1} and model(jnp.asarray(batch(cfg)[0])).shape == (2, 2)
+    assert cfg.label2id == {"a": 0, "b": 1} and model(jnp.asarray(inputs(cfg)[0])).shape == (2, 2)
 
 
 def test_load_for_task_errors(tmp_path):

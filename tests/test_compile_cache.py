@@ -1,20 +1,12 @@
 """--compilation_cache_dir: the first run writes its compiled train step there, a rerun loads it."""
 import os
-import subprocess
-import sys
 
-import create_config
-import train_tokenizer
 from flaxlm.training.compile_cache import cache_dir
+from run_helpers import run_script
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def test_rerun_loads_every_compiled_step_from_the_cache(corpus, tmp_path):
-    model = str(tmp_path / "model")
-    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "300",
-                          "--output_dir", model])
-    create_config.main(["--preset", "roberta-tiny", "--output_dir", model])
+def test_rerun_loads_every_compiled_step_from_the_cache(corpus, tmp_path, model_dir_for):
+    model = model_dir_for("roberta-tiny")
     cache = tmp_path / "cache"
 
     def run(out):
@@ -23,8 +15,7 @@ def test_rerun_loads_every_compiled_step_from_the_cache(corpus, tmp_path):
                 "--per_device_train_batch_size", "2", "--max_steps", "2", "--logging_steps", "1",
                 "--compilation_cache_dir", str(cache)]
         env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-        proc = subprocess.run([sys.executable, "run_mlm_flax.py", *argv], cwd=REPO, env=env,
-                              capture_output=True, text=True)
+        proc = run_script("run_mlm_flax.py", argv, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return sorted(p.name for p in cache.iterdir())
 

@@ -13,42 +13,34 @@ import pytest
 import torch
 import transformers
 
-import create_config
 import run_clm_flax
+import run_helpers
 import run_mlm_flax
-import train_tokenizer
-from run_helpers import assert_devices_match, assert_resume_matches, read_metrics
+from generation_check import add_noise
+from run_helpers import assert_devices_match, assert_resume_matches, expect_user_error, read_metrics, with_vocab_size
 from flaxlm.training import mesh as meshlib
 from flaxlm.objectives.clm import clm_objective
 from flaxlm.data.rows import documents, from_text
 from flaxlm.data.text import load_raw_text
-from flaxlm.errors import UserError
 from flaxlm.models import MODELS, apply_model, create_model, load_config, load_pretrained, split_model
 from flaxlm.training.evaluation import evaluate
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory, corpus):
-    d = str(tmp_path_factory.mktemp("clmtok"))
-    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "300",
-                          "--model_max_length", "64", "--output_dir", d])
-    return d
+def tokenizer_dir(model_dir_for):
+    """Our BPE tokenizer, trained by train_tokenizer.py."""
+    return model_dir_for(None)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer_dir):
+def model_dir(model_dir_for):
     """Our BPE tokenizer and a tiny GPT-2 config, written by our own scripts."""
-    d = str(tmp_path_factory.mktemp("gpt2model"))
-    shutil.copytree(tokenizer_dir, d, dirs_exist_ok=True)
-    create_config.main(["--preset", "gpt2-tiny", "--output_dir", d])
-    return d
+    return model_dir_for("gpt2-tiny")
 
 
 def run_args(model_dir, corpus, out, *extra, model_flag="--config_name"):
-    return ["--output_dir", str(out), model_flag, model_dir, "--tokenizer_name", model_dir,
-            "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--block_size", "32",
-            "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "3e-3",
-            "--warmup_steps", "2", "--logging_steps", "1", *extra]
+    return run_helpers.run_args(model_dir, corpus, out, "--block_size", "32", "--learning_rate", "3e-3", *extra,
+                                model_flag=model_flag)
 
 
 def hf_loss(hf, ids):
@@ -102,11 +94,7 @@ def hf_checkpoint(family, vocab_size, seed=0):
                                           max_position_embeddings=64, tie_word_embeddings=False)
         cls = transformers.LlamaForCausalLM
     torch.manual_seed(seed)
-    hf = cls(config)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return hf.eval()
+    return add_noise(cls(config), 0.05, seed).eval()
 
 
 @pytest.mark.parametrize("family", ["gpt2", "opt", "opt-350m-shaped", "llama"])
@@ -194,34 +182,24 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_
 def test_block_size_larger_than_the_model(model_dir, corpus, tmp_path):
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
     args[args.index("--block_size") + 1] = "300"
-    with pytest.raises(UserError, match="--block_size 300 is larger than the model's 256 positions"):
-        run_clm_flax.main(args)
+    expect_user_error(run_clm_flax.main, args, "--block_size 300 is larger than the model's 256 positions")
     assert not os.path.exists(tmp_path / "o" / "metrics.jsonl")
 
 
 def test_wrong_or_unsupported_architecture(model_dir, corpus, tmp_path):
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
-    with pytest.raises(UserError, match="run_clm_flax.py"):
-        run_mlm_flax.main([a for a in args if a not in ("--block_size", "32")])
+    expect_user_error(run_mlm_flax.main, [a for a in args if a not in ("--block_size", "32")], "run_clm_flax.py")
     other = tmp_path / "mistral"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "mistral", "vocab_size": 320}))
     args[args.index("--config_name") + 1] = str(other)
-    with pytest.raises(UserError, match=r"holds a mistral model but run_clm_flax.py trains gpt2"):
-        run_clm_flax.main(args)
-    with pytest.raises(UserError, match="line_by_line"):
-        run_clm_flax.main(run_args(model_dir, corpus, tmp_path / "o", "--line_by_line"))
-    with pytest.raises(UserError, match="--do_predict evaluates test text but --train_file .* has none"):
-        run_clm_flax.main(run_args(model_dir, corpus, tmp_path / "o", "--do_predict"))
+    expect_user_error(run_clm_flax.main, args, r"holds a mistral model but run_clm_flax.py trains gpt2")
+    expect_user_error(run_clm_flax.main, run_args(model_dir, corpus, tmp_path / "o", "--line_by_line"), "line_by_line")
+    expect_user_error(run_clm_flax.main, run_args(model_dir, corpus, tmp_path / "o", "--do_predict"),
+                      "--do_predict evaluates test text but --train_file .* has none")
 
 
 def test_tokenizer_bigger_than_config(model_dir, corpus, tmp_path):
-    small = tmp_path / "small"
-    shutil.copytree(model_dir, small)
-    cfg = json.loads((small / "config.json").read_text())
-    cfg["vocab_size"] = 100
-    (small / "config.json").write_text(json.dumps(cfg))
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
-    args[args.index("--config_name") + 1] = str(small)
-    with pytest.raises(UserError, match="vocab_size"):
-        run_clm_flax.main(args)
+    args[args.index("--config_name") + 1] = with_vocab_size(model_dir, tmp_path)
+    expect_user_error(run_clm_flax.main, args, "vocab_size")

@@ -1,20 +1,17 @@
 """run_mlm_flax.py end to end on a tiny model: export, devices, resume, accumulation, bad input."""
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import optax
 import pytest
 
-import create_config
 import run_mlm_flax
-import train_tokenizer
-from run_helpers import assert_devices_match, assert_resume_matches, read_metrics
+import run_helpers
+from run_helpers import (assert_devices_match, assert_resume_matches, expect_user_error, read_metrics, run_script,
+                         with_vocab_size)
 from flaxlm.training import mesh as meshlib
-from flaxlm.errors import UserError
 from flaxlm.objectives.mlm import mlm_objective
 from flaxlm.data.mlm_masking import MLMMasker
 from flaxlm.models import create_model, split_model
@@ -22,24 +19,15 @@ from flaxlm.models.hf_io import load_config
 from flaxlm.training.evaluation import evaluate
 from flaxlm.training.train_step import make_train_step
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory, corpus):
+@pytest.fixture(scope="module")
+def model_dir(model_dir_for):
     """A 400-token BPE tokenizer and a tiny RoBERTa config written by our own scripts."""
-    d = str(tmp_path_factory.mktemp("model"))
-    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "400",
-                          "--model_max_length", "64", "--output_dir", d])
-    create_config.main(["--preset", "roberta-tiny", "--output_dir", d])
-    return d
+    return model_dir_for("roberta-tiny", vocab_size=400)
 
 
 def run_args(model_dir, corpus, out, *extra):
-    return ["--output_dir", str(out), "--config_name", model_dir, "--tokenizer_name", model_dir,
-            "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--max_seq_length", "32",
-            "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "3e-3",
-            "--warmup_steps", "2", "--logging_steps", "1", *extra]
+    return run_helpers.run_args(model_dir, corpus, out, "--max_seq_length", "32", "--learning_rate", "3e-3", *extra)
 
 
 def test_end_to_end_export_loads_in_transformers(model_dir, corpus, tmp_path):
@@ -138,43 +126,32 @@ def test_eval_covers_every_row_and_ignores_padding(model_dir):
 
 # Bad input: one clear line, exit code 2, nothing destroyed.
 
-def expect_user_error(argv, match):
-    with pytest.raises(UserError, match=match):
-        run_mlm_flax.main(argv)
-
-
 def test_missing_and_empty_data_files(model_dir, corpus, tmp_path):
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
     missing = [a if a != corpus["train"] else str(tmp_path / "nope.txt") for a in args]
-    expect_user_error(missing, "nope.txt")
+    expect_user_error(run_mlm_flax.main, missing, "nope.txt")
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    expect_user_error([a if a != corpus["train"] else str(empty) for a in args], "empty")
+    expect_user_error(run_mlm_flax.main, [a if a != corpus["train"] else str(empty) for a in args], "empty")
 
 
 def test_no_text_column(model_dir, corpus, tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text("\n".join(json.dumps({"id": i, "body": "x" * 50, "other": "y"}) for i in range(10)))
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
-    expect_user_error([a if a != corpus["train"] else str(f) for a in args], "text_column")
+    expect_user_error(run_mlm_flax.main, [a if a != corpus["train"] else str(f) for a in args], "text_column")
 
 
 def test_seq_len_larger_than_the_model(model_dir, corpus, tmp_path):
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
     args[args.index("--max_seq_length") + 1] = "4096"
-    expect_user_error(args, "max_seq_length 4096")
+    expect_user_error(run_mlm_flax.main, args, "max_seq_length 4096")
 
 
 def test_tokenizer_bigger_than_config_and_tokenizer_without_mask(model_dir, corpus, tmp_path):
-    import shutil
-    small = tmp_path / "small_vocab"
-    shutil.copytree(model_dir, small)
-    cfg = json.loads((small / "config.json").read_text())
-    cfg["vocab_size"] = 100
-    (small / "config.json").write_text(json.dumps(cfg))
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
-    args[args.index("--config_name") + 1] = str(small)
-    expect_user_error(args, "vocab_size")
+    args[args.index("--config_name") + 1] = with_vocab_size(model_dir, tmp_path)
+    expect_user_error(run_mlm_flax.main, args, "vocab_size")
 
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -185,19 +162,22 @@ def test_tokenizer_bigger_than_config_and_tokenizer_without_mask(model_dir, corp
     PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", unk_token="<unk>").save_pretrained(nomask)
     args = run_args(model_dir, corpus, tmp_path / "o2", "--max_steps", "1")
     args[args.index("--tokenizer_name") + 1] = str(nomask)
-    expect_user_error(args, "mask token")
+    expect_user_error(run_mlm_flax.main, args, "mask token")
 
 
 def test_batch_that_does_not_divide_over_devices(model_dir, corpus, tmp_path):
-    expect_user_error(run_args(model_dir, corpus, tmp_path / "o", "--train_batch_size", "12"), "divide")
+    args = run_args(model_dir, corpus, tmp_path / "o", "--train_batch_size", "12")
+    expect_user_error(run_mlm_flax.main, args, "divide")
 
 
 def test_hub_without_network_fails_before_training(model_dir, corpus, tmp_path):
-    expect_user_error(run_args(model_dir, corpus, tmp_path / "o", "--push_to_hub"), "push_to_hub")
+    args = run_args(model_dir, corpus, tmp_path / "o", "--push_to_hub")
+    expect_user_error(run_mlm_flax.main, args, "push_to_hub")
     args = run_args(model_dir, corpus, tmp_path / "o2", "--max_steps", "1")
     i = args.index("--train_file")
     del args[i:i + 2]
-    expect_user_error(args + ["--dataset_name", "no_such_user/no_such_dataset"], "no_such_dataset")
+    expect_user_error(run_mlm_flax.main, args + ["--dataset_name", "no_such_user/no_such_dataset"],
+                      "no_such_dataset")
     assert not os.path.exists(tmp_path / "o2" / "metrics.jsonl")
 
 
@@ -206,7 +186,7 @@ def test_non_empty_output_dir_is_refused_and_overwrite_keeps_foreign_files(model
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     argv = run_args(model_dir, corpus, out, "--max_steps", "2", "--do_eval", "false")
-    proc = subprocess.run([sys.executable, "run_mlm_flax.py", *argv], cwd=REPO, capture_output=True, text=True)
+    proc = run_script("run_mlm_flax.py", argv)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "overwrite_output_dir" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -220,7 +200,7 @@ def test_unknown_flag_and_bad_yaml_are_one_line(tmp_path):
     bad.write_text("run_mlm_flax:\n  learning_rat: 3\n")
     for argv in (["--output_dir", str(tmp_path / "o"), "--learning_rat", "3"],
                  ["--output_dir", str(tmp_path / "o"), "--config_file", str(bad)]):
-        proc = subprocess.run([sys.executable, "run_mlm_flax.py", *argv], cwd=REPO, capture_output=True, text=True)
+        proc = run_script("run_mlm_flax.py", argv)
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "learning_rat" in proc.stderr
 

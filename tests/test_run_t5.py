@@ -1,20 +1,16 @@
 """run_t5_mlm_flax.py end to end on a tiny T5: export into transformers with the same loss, exact eval,
 and the bad input the span-corruption pipeline can meet."""
-import json
 import os
-import shutil
 
 import jax
 import numpy as np
 import pytest
 
-import create_config
+import run_helpers
 import run_mlm_flax
 import run_t5_mlm_flax
-import train_tokenizer
-from run_helpers import assert_resume_matches, read_metrics
+from run_helpers import assert_resume_matches, expect_user_error, read_metrics, with_vocab_size
 from flaxlm.training import mesh as meshlib
-from flaxlm.errors import UserError
 from flaxlm.models import create_model, load_config, load_pretrained, split_model
 from flaxlm.data.span_corruption import SpanCorruptor
 from flaxlm.objectives.span_lm import span_objective
@@ -22,20 +18,14 @@ from flaxlm.training.evaluation import evaluate
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, corpus):
+def model_dir(model_dir_for):
     """A Unigram tokenizer with 100 sentinels and a tiny T5 v1.1 config, written by our own scripts."""
-    d = str(tmp_path_factory.mktemp("t5model"))
-    train_tokenizer.main(["--type", "unigram", "--train_file", corpus["train"], "--vocab_size", "300",
-                          "--model_max_length", "64", "--output_dir", d])
-    create_config.main(["--preset", "t5-v1_1-tiny", "--output_dir", d])
-    return d
+    return model_dir_for("t5-v1_1-tiny", "unigram")
 
 
 def run_args(model_dir, corpus, out, *extra):
-    return ["--output_dir", str(out), "--model_type", "t5", "--config_name", model_dir, "--tokenizer_name", model_dir,
-            "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--max_seq_length", "32",
-            "--per_device_train_batch_size", "1", "--per_device_eval_batch_size", "2", "--learning_rate", "5e-3",
-            "--adafactor", "--weight_decay", "0.001", "--warmup_steps", "2", "--logging_steps", "1", *extra]
+    return run_helpers.run_args(model_dir, corpus, out, "--model_type", "t5", "--max_seq_length", "32",
+                                "--learning_rate", "5e-3", "--adafactor", "--weight_decay", "0.001", *extra)
 
 
 def test_end_to_end_export_has_our_loss_in_transformers(model_dir, corpus, tmp_path):
@@ -91,14 +81,8 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(model_dir, corpus, tmp_
 
 # Bad input: one clear line, exit code 2, nothing destroyed.
 
-def expect_user_error(main, argv, match):
-    with pytest.raises(UserError, match=match):
-        main(argv)
-
-
-def test_tokenizer_without_sentinels(model_dir, corpus, tmp_path):
-    bpe = str(tmp_path / "bpe")
-    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "300", "--output_dir", bpe])
+def test_tokenizer_without_sentinels(model_dir, corpus, tmp_path, model_dir_for):
+    bpe = model_dir_for(None, "bpe")
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
     args[args.index("--tokenizer_name") + 1] = bpe
     expect_user_error(run_t5_mlm_flax.main, args, "extra_id|sentinel")
@@ -119,13 +103,8 @@ def test_corruption_settings_out_of_range(model_dir, corpus, tmp_path, flag, val
 
 
 def test_config_vocab_smaller_than_tokenizer(model_dir, corpus, tmp_path):
-    small = tmp_path / "small"
-    shutil.copytree(model_dir, small)
-    cfg = json.loads((small / "config.json").read_text())
-    cfg["vocab_size"] = 100
-    (small / "config.json").write_text(json.dumps(cfg))
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
-    args[args.index("--config_name") + 1] = str(small)
+    args[args.index("--config_name") + 1] = with_vocab_size(model_dir, tmp_path)
     expect_user_error(run_t5_mlm_flax.main, args, "vocab_size")
 
 

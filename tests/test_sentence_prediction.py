@@ -241,11 +241,13 @@ def test_objective_losses_match_hugging_face_definitions():
     import torch
     from flaxlm import models
     from flaxlm.models import task_config
-    from test_bert_parity import batch, tiny_config  # initializer_range 0.2: logits far from 0
+    from parity import batch
+    from test_parity import CASE
+    roberta = CASE["roberta-gelu"]  # initializer_range 0.2: logits far from 0
     for regression in (False, True):
-        config = task_config(tiny_config("roberta"), "sequence_classification", num_labels=1 if regression else 3)
+        config = task_config(roberta.config(), "sequence_classification", num_labels=1 if regression else 3)
         graphdef, params = models.split_model(models.create_model(config, task="sequence_classification"))
-        ids, mask, types = batch(config)
+        ids, mask, types = batch(roberta, config=config).args
         task = resolve_task(SentencePredictionArgs(is_regression=regression))
         objective = sentence_objective(graphdef, config, task, ids.shape[1], config.pad_token_id)
         labels = np.array([0.5, -1.0], np.float32) if regression else np.array([2, 0], np.int32)

@@ -5,9 +5,7 @@ import os
 import numpy as np
 import pytest
 
-import create_config
 import run_qa
-import train_tokenizer
 from flaxlm.errors import UserError
 from flaxlm.data.squad import Example, read_squad, squad_windows
 from flaxlm.tasks.squad_answers import best_answers
@@ -53,16 +51,11 @@ def test_metric_matches_the_official_definitions():
 
 
 @pytest.fixture(scope="session")
-def qa_tokenizers(tmp_path_factory, corpus):
+def qa_tokenizers(model_dir_for):
     """Our byte-level BPE (RoBERTa, with a tiny RoBERTa config beside it) and WordPiece (BERT, lowercasing)."""
     from transformers import AutoTokenizer
-    dirs = {}
-    for kind, preset in (("bpe", "roberta-tiny"), ("wordpiece", "bert-tiny")):
-        d = str(tmp_path_factory.mktemp(kind))
-        train_tokenizer.main(["--type", kind, "--train_file", corpus["train"], "--vocab_size", "400",
-                              "--model_max_length", "128", "--output_dir", d])
-        create_config.main(["--preset", preset, "--output_dir", d])
-        dirs[kind] = d
+    dirs = {kind: model_dir_for(preset, kind, 400, model_max_length=128)
+            for kind, preset in (("bpe", "roberta-tiny"), ("wordpiece", "bert-tiny"))}
     return {kind: (d, AutoTokenizer.from_pretrained(d)) for kind, d in dirs.items()}
 
 

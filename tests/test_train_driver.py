@@ -14,7 +14,6 @@ import time
 import pytest
 
 import train
-import train_tokenizer
 from run_helpers import read_metrics
 from flaxlm.config import options as all_args
 from flaxlm.config.cli import parse_args
@@ -125,11 +124,8 @@ def test_every_option_of_the_script_is_one_key(name, capsys):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory, corpus):
-    d = str(tmp_path_factory.mktemp("tokenizer"))
-    train_tokenizer.main(["--type", "bpe", "--train_file", corpus["train"], "--vocab_size", "400",
-                          "--model_max_length", "64", "--output_dir", d])
-    return d
+def tokenizer_dir(model_dir_for):
+    return model_dir_for(None, vocab_size=400)
 
 
 # The training job: train.py in a subprocess that, once it has saved its first checkpoint (step 2), waits until the

@@ -1,0 +1,216 @@
+"""Every family's tiny models against transformers' PyTorch models: the checks that apply to all of them.
+
+CASES is the table of tiny models (tests/parity.py: Case). A new family adds its cases here, and its own checks,
+if it has any, in tests/test_<family>.py. Each check runs on every case (the KV cache on every causal LM, greedy
+generation on one case of each causal family):
+transformers' checkpoint loads into ours with its logits and loss; ours loads into transformers, cleanly, with the
+same parameter count and logits; the tensors we write are named as transformers writes them; loading is strict;
+bfloat16 stays close to float32; dropout depends only on its key; the KV cache decodes the full forward's
+logits; greedy generation picks transformers' tokens.
+"""
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import transformers
+
+from flaxlm import models
+from generation_check import assert_greedy_matches_transformers
+from parity import (Case, assert_close_at_real, assert_load_fails, assert_losses_match, assert_same_params, batch,
+                    hf_logits, hf_tied, jnp_args, random_hf, randomize, saved_keys)
+
+
+def family(hf_class, inputs, base, variants, **settings):
+    """The Cases of one family: its base config fields changed by each variant."""
+    return [Case(name, hf_class, inputs, {**base, **changes}, **settings) for name, changes in variants.items()]
+
+
+BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            max_position_embeddings=64, initializer_range=0.2)
+BERT_SETTINGS = dict(std=0.3, bf16_std=0.1, bf16_rel=0.1)
+GPT2 = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=40, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+OPT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
+           max_position_embeddings=40, dropout=0.1, attention_dropout=0.1, pad_token_id=1)
+LLAMA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+             max_position_embeddings=64, tie_word_embeddings=False, pad_token_id=0, attention_dropout=0.1)
+# buckets/max_distance small enough that the lengths of the batch reach the log-spaced and the clipped buckets;
+# initializer_factor 0.5 keeps activations moderate so float32 rounding stays far below the 1e-4 tolerance
+T5 = dict(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
+          relative_attention_num_buckets=8, relative_attention_max_distance=20, initializer_factor=0.5,
+          decoder_start_token_id=0, dropout_rate=0.1)
+
+CASES = [
+    *family(transformers.BertForMaskedLM, "encoder", BERT, {
+        "gelu": {}, "gelu_new": dict(hidden_act="gelu_new"), "relu": dict(hidden_act="relu")}, **BERT_SETTINGS),
+    *family(transformers.RobertaForMaskedLM, "encoder", {**BERT, "max_position_embeddings": 66}, {
+        "gelu": {}, "relu": dict(hidden_act="relu")}, **BERT_SETTINGS),
+    # bfloat16 from the initialization, within 0.05
+    *family(transformers.GPT2LMHeadModel, "causal", GPT2, {
+        "tied": {}, "untied": dict(tie_word_embeddings=False),
+        "inverse-layer-scale-gelu": dict(scale_attn_by_inverse_layer_idx=True, activation_function="gelu"),
+    }, bf16_std=0.0, bf16_rel=0.0),
+    *family(transformers.OPTForCausalLM, "causal", OPT, {
+        "pre_ln": {},  # opt-125m-like
+        "post_ln_projected": dict(do_layer_norm_before=False, word_embed_proj_dim=16),  # opt-350m-like
+        "bias_free_untied": dict(enable_bias=False, layer_norm_elementwise_affine=False, tie_word_embeddings=False),
+        "projected_no_final_norm": dict(word_embed_proj_dim=24, _remove_final_layer_norm=True),
+    }, std=0.2),
+    *family(transformers.LlamaForCausalLM, "causal", LLAMA, {
+        "gqa-untied": dict(num_key_value_heads=2),
+        "mha-tied": dict(num_key_value_heads=4, tie_word_embeddings=True, rms_norm_eps=1e-5),
+        "mqa-head_dim-bias": dict(num_key_value_heads=1, head_dim=12, attention_bias=True, mlp_bias=True),
+        # an old config.json's top-level rope_theta and rope_scaling (transformers 5 moves them to rope_parameters)
+        "rope-linear-legacy": dict(num_key_value_heads=2, rope_theta=500.0,
+                                   rope_scaling={"type": "linear", "factor": 2.0}),
+        # head_dim 16 puts RoPE wavelengths in all three llama3 regimes (kept, smoothly scaled, divided by factor)
+        "rope-llama3": dict(num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    }),
+    *family(transformers.T5ForConditionalGeneration, "encoder-decoder", T5, {
+        "v1_1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+        "original": dict(feed_forward_proj="relu", tie_word_embeddings=True),
+        "gated-silu-tied": dict(feed_forward_proj="gated-silu", tie_word_embeddings=True, num_decoder_layers=2),
+    }),
+]
+CASE = {str(c): c for c in CASES}
+CAUSAL = [c for c in CASES if c.inputs == "causal"]
+# greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
+GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"]]
+AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
+        "causal": transformers.AutoModelForCausalLM}
+each_case = pytest.mark.parametrize("case", CASES, ids=str)
+
+
+@each_case
+def test_hf_checkpoint_loads_with_its_logits_and_loss(case, tmp_path):
+    hf = random_hf(case)
+    hf.save_pretrained(tmp_path)
+    config, model = models.load_pretrained(tmp_path)
+    assert models.family_of(config).tie_word_embeddings(config) == case.tied
+    b = batch(case)
+    ref = hf_logits(hf, b.hf)
+    assert ref.shape == (*b.real_BL.shape, case.fields["vocab_size"])
+    assert_close_at_real(model(*jnp_args(b)), ref, b.real_BL, case.tol)
+    assert_losses_match(case, model, hf, b)
+
+
+@each_case
+def test_our_checkpoint_loads_in_transformers(case, tmp_path):
+    """config.json and the tensors load cleanly into the case's class, with our parameter count, logits and loss;
+    and back into ours, the same parameters."""
+    config = case.config()
+    graphdef, params = models.split_model(models.create_model(config, seed=1))
+    params = randomize(params, seed=1, std=case.std)
+    models.save_pretrained(tmp_path, config, params)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == [case.hf_class.__name__] and saved["model_type"] == case.model_type
+    assert saved["tie_word_embeddings"] == case.tied  # written either way: the default is True in GPT-2, False in Llama
+    hf, info = AUTO[case.inputs].from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
+    assert type(hf) is case.hf_class and hf_tied(hf) == case.tied
+    assert models.count_params(params) == sum(p.numel() for p in hf.parameters())
+    b = batch(case, seed=1)
+    apply = lambda *args: models.apply_model(graphdef, params, *args)  # noqa: E731
+    assert_close_at_real(apply(*jnp_args(b)), hf_logits(hf, b.hf), b.real_BL, case.tol)
+    assert_losses_match(case, apply, hf, b)
+    _, model = models.load_pretrained(tmp_path)
+    assert_same_params(models.split_model(model)[1], params)
+
+
+@each_case
+def test_we_write_the_tensors_transformers_writes(case, tmp_path):
+    """Names and shapes as in transformers' own checkpoint (a tied head is not saved)."""
+    random_hf(case).save_pretrained(tmp_path)
+    config, model = models.load_pretrained(tmp_path)
+    written = models.to_hf_state_dict(config, models.split_model(model)[1])
+    assert {k: v.shape for k, v in written.items()} == saved_keys(tmp_path)
+
+
+@each_case
+def test_loading_is_strict(case):
+    """A missing tensor (one of layer 1), an unexpected one (that tensor of a layer 9 the config lacks) and one
+    of the wrong shape are each a one-line error naming it."""
+    config = case.config()
+    tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    name = next(n for n in tensors if ".1." in n)
+    missing = {k: v for k, v in tensors.items() if k != name}
+    assert_load_fails(config, missing, rf"missing tensor\(s\) {re.escape(name)}")
+    extra = name.replace(".1.", ".9.", 1)
+    assert_load_fails(config, {**tensors, extra: tensors[name]}, rf"unexpected tensor\(s\) {re.escape(extra)}")
+    matrix = next(n for n, x in tensors.items() if x.ndim == 2 and ".0." in n)
+    rows, cols = tensors[matrix].shape
+    assert_load_fails(config, {**tensors, matrix: np.zeros((rows - 1, cols), np.float32)},
+                      rf"{re.escape(matrix)} has shape \({rows - 1}, {cols}\) but config.json implies "
+                      rf"\({rows}, {cols}\)")
+
+
+@each_case
+def test_bfloat16_compute_is_close_to_float32(case):
+    config = case.config()
+    graphdef32, params = models.split_model(models.create_model(config))
+    params = randomize(params, std=case.bf16_std)
+    graphdef16, params16 = models.split_model(models.create_model(config, dtype="bfloat16"))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves((params, params16)))  # parameters stay float32
+    args = jnp_args(batch(case))
+    ref = np.asarray(models.apply_model(graphdef32, params, *args))
+    got = models.apply_model(graphdef16, params, *args)
+    assert got.dtype == jnp.float32 and np.isfinite(np.asarray(got)).all()
+    err = float(np.abs(np.asarray(got) - ref).max())
+    assert err < case.bf16_rel * np.abs(ref).max() + 0.05, err
+    if case.inputs == "causal":
+        assert models.merge_model(graphdef16, params).init_cache(3, 8)["k"][0].dtype == jnp.bfloat16
+
+
+@each_case
+def test_dropout_depends_only_on_its_key(case):
+    graphdef, params = models.split_model(models.create_model(case.config()))
+    args = jnp_args(batch(case))
+    train = jax.jit(lambda p, key: models.apply_model(graphdef, p, *args, dropout_key=key))
+    det = models.apply_model(graphdef, params, *args)
+    a, b, c = (train(params, jax.random.key(k)) for k in (1, 1, 2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, det) and not np.allclose(a, c)
+
+
+@pytest.mark.parametrize("case", CAUSAL, ids=str)
+def test_kv_cache_decodes_the_full_forward(case):
+    """Prefill 8 tokens, then decode one at a time (row 2's padding runs into the decode steps): the logits at
+    real positions are the full forward's."""
+    graphdef, params = models.split_model(models.create_model(case.config(), seed=2))
+    params = randomize(params, seed=2, std=case.std)
+    b = batch(case, seed=2)
+    ids, mask, pos = jnp_args(b)
+    full = np.asarray(models.apply_model(graphdef, params, ids, mask, pos))
+    step = jax.jit(lambda p, *a, cache: models.apply_model(graphdef, p, *a, cache=cache))
+    length = ids.shape[1]
+    cache = models.merge_model(graphdef, params).init_cache(ids.shape[0], length + 4)
+    logits, cache = step(params, ids[:, :8], mask[:, :8], pos[:, :8], cache=cache)
+    out = [logits]
+    for t in range(8, length):
+        logits, cache = step(params, ids[:, t:t + 1], mask[:, t:t + 1], pos[:, t:t + 1], cache=cache)
+        out.append(logits)
+    assert int(cache["index"]) == length
+    err = float(np.abs(np.concatenate(out, axis=1) - full)[b.real_BL].max())
+    assert err < case.cache_tol, err
+
+
+@pytest.mark.parametrize("case", GREEDY, ids=str)
+def test_greedy_generation_picks_the_tokens_of_transformers(case, tmp_path):
+    """flaxlm.models.generation (left-padded prompts, KV cache) against transformers' generate, no EOS stop."""
+    hf = random_hf(case, seed=3, std=0.3)  # noisier: continuations that are not one repeated token
+    hf.save_pretrained(tmp_path)
+    tokens = assert_greedy_matches_transformers(hf, tmp_path, [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]], 6)
+    assert len({t for row in tokens for t in row}) > 1  # not a degenerate repeat of one token
+
+
+def test_every_registered_family_has_cases():
+    """A family registered in flaxlm.models.registry is checked here: its cases are in CASES (a causal LM's in
+    GREEDY too)."""
+    from flaxlm.models.registry import FAMILIES
+    assert {c.model_type for c in CASES} == set(FAMILIES)
+    assert {c.model_type for c in GREEDY} == {c.model_type for c in CAUSAL}
