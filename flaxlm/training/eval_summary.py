@@ -2,14 +2,14 @@
 
     python -m flaxlm.training.eval_summary runs/demo/run/metrics.jsonl
 """
-import json
 import sys
+
+from flaxlm.training.run_log import read_rows
 
 
 def eval_losses(path):
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [(r["step"], r["loss"]) for r in rows if r.get("split") == "eval"]
+    """[(step, eval loss)] in the order evaluated."""
+    return [(r["step"], r["loss"]) for r in read_rows(path) if r.get("split") == "eval"]
 
 
 if __name__ == "__main__":

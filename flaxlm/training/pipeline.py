@@ -112,8 +112,8 @@ def batch_sizes(args, mesh):
 
 def train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
                        eval_batch, test_rows=None):
-    """The optimizer (weight decay off for biases and norms), the run log and the training loop over
-    `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params. With
+    """The optimizer (weight decay off for biases and norms), the run log (with loss.png drawn at its end) and the
+    training loop over `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params. With
     --eval_checkpoints it evaluates the saved checkpoints instead (flaxlm.training.eval_job) and returns None."""
     from flaxlm.models import decay_mask
     from flaxlm.training.optim import make_optimizer
@@ -124,7 +124,7 @@ def train_and_evaluate(args, model_args, params, objective, train_rows, eval_row
         from flaxlm.training.eval_job import evaluate_checkpoints
         evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps)
         return None
-    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint)
+    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint, loss_plot="loss.png")
     try:
         return train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
                      train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,

@@ -1,26 +1,30 @@
-"""Where a run reports: TensorBoard events (tensorboardX, no TensorFlow), OUTPUT_DIR/metrics.jsonl, and lines
-on the console above the progress bars (say).
+"""Where a run reports: TensorBoard events (tensorboardX, no TensorFlow), OUTPUT_DIR/metrics.jsonl and, on close,
+the loss curves drawn from it (OUTPUT_DIR/loss.png for a training run; flaxlm.training.loss_plot), and lines on the
+console above the progress bars (say).
 
 Only process 0 writes. Each jsonl line is {"step": N, "split": "train"|"eval", ...metrics}.
 """
 import json
 import os
+import sys
 import time
-
-import jax
-from tqdm.auto import tqdm
 
 
 def say(msg):
     """Print a line from process 0, above the progress bars."""
+    import jax  # here, not at the top: read_rows serves scripts that need no jax
+    from tqdm.auto import tqdm
     if jax.process_index() == 0:
         tqdm.write(msg)
 
 
 class RunLog:
-    def __init__(self, output_dir, fresh=True, filename="metrics.jsonl", tensorboard="tensorboard"):
+    def __init__(self, output_dir, fresh=True, filename="metrics.jsonl", tensorboard="tensorboard", loss_plot=None):
+        """loss_plot: file name (beside the jsonl) of the loss curves drawn on close; None draws none."""
+        import jax  # here, not at the top: read_rows serves scripts that need no jax
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(output_dir, filename)
+        self.loss_plot = os.path.join(output_dir, loss_plot) if loss_plot else None
         self._tb = None
         if self.enabled:
             os.makedirs(output_dir, exist_ok=True)
@@ -59,14 +63,30 @@ class RunLog:
         """The steps that have a row of `split` in the jsonl file."""
         if not os.path.exists(self.path):
             return set()
-        with open(self.path, encoding="utf-8") as f:
-            rows = [_row(line) for line in f]
-        return {int(r["step"]) for r in rows if r is not None and r.get("split") == split}
+        return {int(r["step"]) for r in read_rows(self.path) if r.get("split") == split}
 
     def close(self):
         if self.enabled:
             self._file.close()
             self._tb.close()
+            if self.loss_plot:
+                self._draw_loss_plot()
+
+    def _draw_loss_plot(self):
+        """The loss curves as a picture; a failure (no matplotlib, a full disk) costs a warning, never the run."""
+        from flaxlm.training.loss_plot import draw_loss_curves
+        try:
+            draw_loss_curves(read_rows(self.path), self.loss_plot, title=os.path.dirname(self.path))
+        except Exception as e:  # noqa: BLE001 -- the run and its export matter more than the picture
+            reason = (str(e).splitlines() or [""])[0]
+            print(f"warning: the loss curves were not drawn to {self.loss_plot} ({type(e).__name__}: {reason}); "
+                  f"{self.path} holds the numbers", file=sys.stderr, flush=True)
+
+
+def read_rows(path):
+    """The rows of a metrics.jsonl file, in order (a last line cut short by a kill is skipped)."""
+    with open(path, encoding="utf-8") as f:
+        return [r for r in map(_row, f) if r is not None]
 
 
 def _row(line):
