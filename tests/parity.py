@@ -30,8 +30,10 @@ class Case:
     """One tiny model of a family, checked against transformers' model of it."""
     name: str  # the case within its family ("post_ln_projected"); str(case) adds the model_type
     hf_class: type  # transformers' model class; its config_class builds the config from `fields`
-    inputs: str  # a key of BATCHES: "encoder" (ids, mask, token types), "encoder-decoder", "causal" (left-padded)
+    inputs: str  # a key of BATCHES: "encoder" (ids, mask, token types), "encoder-decoder", "causal" (left-padded),
+    # "replaced-token" (the encoder's, a logit per token)
     fields: dict  # the transformers config's fields
+    task: str | None = None  # our model: the family's pretraining model, or this Head's (ELECTRA's discriminator)
     std: float = 0.1  # the noise added to every weight, on either side
     tol: float = 1e-4  # the largest |logit difference| allowed against transformers
     cache_tol: float = 1e-5  # the same between decoding with the KV cache and one full forward
@@ -53,6 +55,11 @@ class Case:
         """Whether the LM head is the input embeddings (transformers' default: tied)."""
         return self.fields.get("tie_word_embeddings", True)
 
+    @property
+    def per_position(self):
+        """The shape of the logits at one position: the vocabulary's, or () for one logit (replaced or not)."""
+        return () if self.inputs == "replaced-token" else (self.fields["vocab_size"],)
+
     def config(self, **overrides):
         """A fresh transformers config of the case, with overrides."""
         return self.hf_class.config_class(**{**self.fields, **overrides})
@@ -66,7 +73,10 @@ def randomize(params, seed=0, std=0.1):
 
 
 def hf_tied(hf):
-    """Whether transformers' model shares one tensor between its input embeddings and its LM head."""
+    """Whether transformers' model shares one tensor between its input embeddings and its LM head; for a model
+    without an LM head (ELECTRA's discriminator), what its config says."""
+    if hf.get_output_embeddings() is None:
+        return hf.config.tie_word_embeddings
     return hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
 
 
@@ -133,12 +143,26 @@ def causal_batch(config, rng):
                                                    ((ids[:1],), dict(input_ids=ids[:1]), ids[:1])])
 
 
-BATCHES = {"encoder": encoder_batch, "encoder-decoder": encoder_decoder_batch, "causal": causal_batch}
+def replaced_token_batch(config, rng):
+    """The encoder batch; its loss's labels 1 (replaced) or 0 at random, -100 at padding (transformers leaves
+    padding out by the attention mask)."""
+    b = encoder_batch(config, rng)
+    ids, mask, _ = b.args
+    return b._replace(losses=[(b.args, b.hf, np.where(mask == 1, rng.integers(0, 2, ids.shape), -100))])
+
+
+BATCHES = {"encoder": encoder_batch, "encoder-decoder": encoder_decoder_batch, "causal": causal_batch,
+           "replaced-token": replaced_token_batch}
 
 
 def batch(case, seed=0, config=None):
     """An input Batch of the case's kind, for its config (or `config`: the case's with other settings)."""
     return BATCHES[case.inputs](config or case.config(), np.random.default_rng(seed))
+
+
+def load_ours(case, path):
+    """(config, our model) from a directory in Hugging Face's format: the pretraining model, or the case's Head."""
+    return models.load_pretrained(path) if case.task is None else models.load_for_task(path, case.task)
 
 
 def jnp_args(b):
@@ -157,14 +181,17 @@ def hf_logits(hf, inputs):
 
 
 def our_loss(logits_BLV, labels_BL, causal):
-    """Mean cross-entropy of the logits at the labels that are not -100; causal: the logits at t predict the
-    label at t + 1, as transformers' causal LMs shift their labels."""
+    """Mean cross-entropy of the logits at the labels that are not -100 (binary for one logit per position);
+    causal: the logits at t predict the label at t + 1, as transformers' causal LMs shift their labels."""
     logits_BLV, labels_BL = jnp.asarray(logits_BLV), np.asarray(labels_BL)
     if causal:
         logits_BLV, labels_BL = logits_BLV[:, :-1], labels_BL[:, 1:]
     real = labels_BL != -100
-    logp = jax.nn.log_softmax(logits_BLV, axis=-1)
-    nll = -jnp.take_along_axis(logp, jnp.asarray(np.where(real, labels_BL, 0))[..., None], axis=-1)[..., 0]
+    if logits_BLV.ndim == labels_BL.ndim:  # one logit per position: replaced (label 1) or not
+        nll = jax.nn.softplus(logits_BLV) - np.where(real, labels_BL, 0) * logits_BLV
+    else:
+        logp = jax.nn.log_softmax(logits_BLV, axis=-1)
+        nll = -jnp.take_along_axis(logp, jnp.asarray(np.where(real, labels_BL, 0))[..., None], axis=-1)[..., 0]
     return float((nll * real).sum() / real.sum())
 
 
@@ -213,8 +240,8 @@ def assert_initialized_like_transformers(config, hf_class, exact):
     return ours
 
 
-def assert_load_fails(config, tensors, pattern):
-    """Loading `tensors` under `config` raises a one-line UserError matching pattern."""
+def assert_load_fails(config, tensors, pattern, task=None):
+    """Loading `tensors` under `config` (for the task's Head) raises a one-line UserError matching pattern."""
     with pytest.raises(UserError, match=pattern) as e:
-        models.from_hf_state_dict(config, tensors)
+        models.from_hf_state_dict(config, tensors, task=task)
     assert "\n" not in str(e.value)

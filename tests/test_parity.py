@@ -20,7 +20,7 @@ import transformers
 from flaxlm import models
 from generation_check import assert_greedy_matches_transformers
 from parity import (Case, assert_close_at_real, assert_load_fails, assert_losses_match, assert_same_params, batch,
-                    hf_logits, hf_tied, jnp_args, random_hf, randomize, saved_keys)
+                    hf_logits, hf_tied, jnp_args, load_ours, random_hf, randomize, saved_keys)
 
 
 def family(hf_class, inputs, base, variants, **settings):
@@ -71,6 +71,12 @@ CASES = [
             "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     }),
+    # the generator and the discriminator, with embeddings narrower / wider than the layers (projected)
+    *family(transformers.ElectraForMaskedLM, "encoder", BERT, {"generator-projected": dict(embedding_size=16)},
+            **BERT_SETTINGS),
+    *family(transformers.ElectraForPreTraining, "replaced-token", BERT, {
+        "discriminator-projected-relu": dict(embedding_size=48, hidden_act="relu")},
+        task="replaced_token_detection", **BERT_SETTINGS),
     *family(transformers.T5ForConditionalGeneration, "encoder-decoder", T5, {
         "v1_1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
         "original": dict(feed_forward_proj="relu", tie_word_embeddings=True),
@@ -82,7 +88,7 @@ CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
 GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"]]
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
-        "causal": transformers.AutoModelForCausalLM}
+        "causal": transformers.AutoModelForCausalLM, "replaced-token": transformers.AutoModelForPreTraining}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)
 
 
@@ -90,11 +96,11 @@ each_case = pytest.mark.parametrize("case", CASES, ids=str)
 def test_hf_checkpoint_loads_with_its_logits_and_loss(case, tmp_path):
     hf = random_hf(case)
     hf.save_pretrained(tmp_path)
-    config, model = models.load_pretrained(tmp_path)
+    config, model = load_ours(case, tmp_path)
     assert models.family_of(config).tie_word_embeddings(config) == case.tied
     b = batch(case)
     ref = hf_logits(hf, b.hf)
-    assert ref.shape == (*b.real_BL.shape, case.fields["vocab_size"])
+    assert ref.shape == (*b.real_BL.shape, *case.per_position)
     assert_close_at_real(model(*jnp_args(b)), ref, b.real_BL, case.tol)
     assert_losses_match(case, model, hf, b)
 
@@ -104,7 +110,7 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
     """config.json and the tensors load cleanly into the case's class, with our parameter count, logits and loss;
     and back into ours, the same parameters."""
     config = case.config()
-    graphdef, params = models.split_model(models.create_model(config, seed=1))
+    graphdef, params = models.split_model(models.create_model(config, seed=1, task=case.task))
     params = randomize(params, seed=1, std=case.std)
     models.save_pretrained(tmp_path, config, params)
     saved = json.loads((tmp_path / "config.json").read_text())
@@ -118,7 +124,7 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
     apply = lambda *args: models.apply_model(graphdef, params, *args)  # noqa: E731
     assert_close_at_real(apply(*jnp_args(b)), hf_logits(hf, b.hf), b.real_BL, case.tol)
     assert_losses_match(case, apply, hf, b)
-    _, model = models.load_pretrained(tmp_path)
+    _, model = load_ours(case, tmp_path)
     assert_same_params(models.split_model(model)[1], params)
 
 
@@ -126,7 +132,7 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
 def test_we_write_the_tensors_transformers_writes(case, tmp_path):
     """Names and shapes as in transformers' own checkpoint (a tied head is not saved)."""
     random_hf(case).save_pretrained(tmp_path)
-    config, model = models.load_pretrained(tmp_path)
+    config, model = load_ours(case, tmp_path)
     written = models.to_hf_state_dict(config, models.split_model(model)[1])
     assert {k: v.shape for k, v in written.items()} == saved_keys(tmp_path)
 
@@ -136,25 +142,26 @@ def test_loading_is_strict(case):
     """A missing tensor (one of layer 1), an unexpected one (that tensor of a layer 9 the config lacks) and one
     of the wrong shape are each a one-line error naming it."""
     config = case.config()
-    tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config, task=case.task))[1])
     name = next(n for n in tensors if ".1." in n)
     missing = {k: v for k, v in tensors.items() if k != name}
-    assert_load_fails(config, missing, rf"missing tensor\(s\) {re.escape(name)}")
+    assert_load_fails(config, missing, rf"missing tensor\(s\) {re.escape(name)}", case.task)
     extra = name.replace(".1.", ".9.", 1)
-    assert_load_fails(config, {**tensors, extra: tensors[name]}, rf"unexpected tensor\(s\) {re.escape(extra)}")
+    assert_load_fails(config, {**tensors, extra: tensors[name]}, rf"unexpected tensor\(s\) {re.escape(extra)}",
+                      case.task)
     matrix = next(n for n, x in tensors.items() if x.ndim == 2 and ".0." in n)
     rows, cols = tensors[matrix].shape
     assert_load_fails(config, {**tensors, matrix: np.zeros((rows - 1, cols), np.float32)},
                       rf"{re.escape(matrix)} has shape \({rows - 1}, {cols}\) but config.json implies "
-                      rf"\({rows}, {cols}\)")
+                      rf"\({rows}, {cols}\)", case.task)
 
 
 @each_case
 def test_bfloat16_compute_is_close_to_float32(case):
     config = case.config()
-    graphdef32, params = models.split_model(models.create_model(config))
+    graphdef32, params = models.split_model(models.create_model(config, task=case.task))
     params = randomize(params, std=case.bf16_std)
-    graphdef16, params16 = models.split_model(models.create_model(config, dtype="bfloat16"))
+    graphdef16, params16 = models.split_model(models.create_model(config, dtype="bfloat16", task=case.task))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves((params, params16)))  # parameters stay float32
     args = jnp_args(batch(case))
     ref = np.asarray(models.apply_model(graphdef32, params, *args))
@@ -168,7 +175,7 @@ def test_bfloat16_compute_is_close_to_float32(case):
 
 @each_case
 def test_dropout_depends_only_on_its_key(case):
-    graphdef, params = models.split_model(models.create_model(case.config()))
+    graphdef, params = models.split_model(models.create_model(case.config(), task=case.task))
     args = jnp_args(batch(case))
     train = jax.jit(lambda p, key: models.apply_model(graphdef, p, *args, dropout_key=key))
     det = models.apply_model(graphdef, params, *args)

@@ -55,12 +55,13 @@ def gather_rows(x_BLD, positions_BP):
 
 
 class Embeddings(nnx.Module):
-    def __init__(self, config, dtype, rngs):
-        D, std = config.hidden_size, config.initializer_range
+    def __init__(self, config, dtype, rngs, width=None):
+        """width: of the embeddings and their LayerNorm (default hidden_size; ELECTRA's embedding_size)."""
+        D, std = width or config.hidden_size, config.initializer_range
         self.word = embed(config.vocab_size, D, std, rngs)
         self.position = embed(config.max_position_embeddings, D, std, rngs)
         self.token_type = embed(config.type_vocab_size, D, std, rngs)
-        self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps, rngs)
+        self.norm = LayerNorm(D, config.layer_norm_eps, rngs)
         self.roberta_positions = config.model_type == "roberta"
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.dropout_rate = config.hidden_dropout_prob
@@ -160,7 +161,9 @@ class MlmHead(nnx.Module):
 class BertEncoder(nnx.Module):
     """The BERT / RoBERTa encoder (embeddings + post-LayerNorm layers) that every head builds on; its parameters
     sit at the top level (embeddings, layers) so each model's paths are those of BertForMaskedLM. execution: how
-    the layers run (flaxlm.models.layer_stack.Execution; default a plain loop)."""
+    the layers run (flaxlm.models.layer_stack.Execution; default a plain loop). A subclass may set
+    embeddings_class (ELECTRA's embeddings, which end in a projection)."""
+    embeddings_class = Embeddings
 
     def __init__(self, config, *, dtype="float32", rngs, execution=None):
         if config.hidden_size % config.num_attention_heads:
@@ -168,7 +171,7 @@ class BertEncoder(nnx.Module):
                             f"{config.num_attention_heads}; fix config.json")
         activation(config.hidden_act)  # fail early on an unsupported activation
         dtype = compute_dtype(dtype)
-        self.embeddings = Embeddings(config, dtype, rngs)
+        self.embeddings = self.embeddings_class(config, dtype, rngs)
         self.execution = execution or Execution()
         self.layers = nnx.List([EncoderLayer(config, dtype, rngs, self.execution)
                                 for _ in range(config.num_hidden_layers)])
@@ -267,9 +270,9 @@ def _prefix(config):
     return "roberta." if config.model_type == "roberta" else "bert."
 
 
-def encoder_tensor_names(config):
-    """Tensor names of the BERT / RoBERTa encoder (under bert. / roberta.) -> our parameter paths."""
-    p = _prefix(config)
+def encoder_tensor_names(config, prefix=None):
+    """Tensor names of the BERT / RoBERTa encoder (under bert. / roberta., or `prefix`) -> our parameter paths."""
+    p = prefix or _prefix(config)
     names = [
         (f"{p}embeddings.word_embeddings.weight", ("embeddings", "word", "embedding"), "copy"),
         (f"{p}embeddings.position_embeddings.weight", ("embeddings", "position", "embedding"), "copy"),

@@ -24,7 +24,8 @@ class NameMap(NamedTuple):
 
 @dataclass(frozen=True)
 class Head:
-    """A fine-tuning task's model on a family's encoder."""
+    """A task's model on a family's encoder: a fine-tuning head, or another pretraining model (ELECTRA's
+    discriminator, task "replaced_token_detection")."""
     model: type  # module class taking (config, *, dtype, rngs, execution)
     architecture: str  # its Hugging Face class ("BertForSequenceClassification")
     groups: tuple  # our top-level parameter groups of the head: a pretrained encoder lacks them (started fresh)
@@ -50,7 +51,7 @@ class Family:
     max_length: Callable | None = None  # max_length(config): the longest input its positions allow; None: no limit
     tie_word_embeddings: Callable = config_ties  # tie_word_embeddings(config): the value config.json gets on export
     fresh_head: str | None = None  # top-level parameter group a bare checkpoint may lack (started fresh)
-    heads: dict = field(default_factory=dict)  # fine-tuning task -> Head
+    heads: dict = field(default_factory=dict)  # task -> Head (fine-tuning heads, ELECTRA's discriminator)
     head_tensor_names: Callable | None = None  # head_tensor_names(config, task): a Head's model's triples
     normalize_for_head: Callable | None = None  # normalize_for_head(config, tensors, notes, task)
 

@@ -18,13 +18,16 @@ PEAK_BF16 = {
 
 def encoder_mlm_train_flops(config, batch, seq_len, num_predictions):
     """FLOPs of one train step of a BERT/RoBERTa encoder whose last layer and MLM head run only at the
-    masked slots (the last layer's keys and values still cover every position)."""
+    masked slots (the last layer's keys and values still cover every position). ELECTRA's generator: embeddings
+    and head embedding_size wide, projected to and from hidden_size."""
     d, f, n, p = config.hidden_size, config.intermediate_size, config.num_hidden_layers, num_predictions
+    e = getattr(config, "embedding_size", None) or d
     full_layer = seq_len * (8 * d * d + 4 * d * f + 4 * seq_len * d)  # qkv+out, mlp, scores+weighted sum
     last_layer = seq_len * 4 * d * d + p * (4 * d * d + 4 * d * f + 4 * seq_len * d)
-    head = p * (2 * d * d + 2 * d * config.vocab_size)
+    head = p * (2 * d * e + 2 * e * config.vocab_size)
+    project = seq_len * 2 * e * d if e != d else 0
     encoder = (n - 1) * full_layer + last_layer if n else 0
-    return 3 * batch * (encoder + head)
+    return 3 * batch * (project + encoder + head)
 
 
 def encoder_decoder_train_flops(config, batch, inputs_length, targets_length):
