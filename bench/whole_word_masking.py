@@ -50,7 +50,7 @@ def rates(masker, ids_NL, rng):
     changed_BL = out["input_ids"] != ids_NL
     in_slot_BL = np.zeros(ids_NL.shape, bool)
     real_BP = out["masked_weights"] > 0
-    np.put_along_axis(in_slot_BL, out["masked_positions"], real_BP, axis=1)
+    in_slot_BL[np.nonzero(real_BP)[0], out["masked_positions"][real_BP]] = True
     return float((predicted + (changed_BL & ~in_slot_BL).sum()) / maskable), float(predicted / maskable)
 
 
