@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Time whole-word masking (flaxlm.data.whole_word_masking) against token masking (flaxlm.data.mlm_masking) on
-the same rows, and print the masked and predicted token rates.
+the same rows, and print the masked and predicted token rates. Times are the process's CPU time (on a shared
+machine, wall time counts the other processes too).
 
     taskset -c 0 python bench/whole_word_masking.py                     # the demo corpus, BPE, L = 512
     python bench/whole_word_masking.py --train_file text.txt --tokenizer unigram --seq_len 128
@@ -29,16 +30,16 @@ from flaxlm.tokenization.word_boundaries import word_boundaries  # noqa: E402
 
 
 def examples_per_s(masker, ids_NL, batch_size, rounds, calls, rng):
-    """The median over rounds of calls of masker on consecutive batches of ids_NL."""
+    """Rows masked per CPU second: the median over rounds of calls of masker on consecutive batches of ids_NL."""
     ids_NL = np.resize(ids_NL, (max(len(ids_NL), batch_size * calls), ids_NL.shape[1]))  # rows repeated
     batches = [ids_NL[i * batch_size:(i + 1) * batch_size] for i in range(calls)]
     masker(batches[0], rng)  # warm up
     per_round = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for b in batches:
             masker(b, rng)
-        per_round.append(len(batches) * batch_size / (time.perf_counter() - t0))
+        per_round.append(len(batches) * batch_size / (time.process_time() - t0))
     return float(np.median(per_round))
 
 
@@ -85,7 +86,7 @@ def main():
         rng = np.random.default_rng(0)
         speed = examples_per_s(masker, ids_NL, a.batch_size, a.rounds, a.calls, rng)
         masked, predicted = rates(masker, ids_NL, rng)
-        print(f"{name:10s}: {speed:,.0f} examples/s; slots {masker.num_predictions}, masked {masked:.4f}, "
+        print(f"{name:10s}: {speed:,.0f} examples per CPU second; slots {masker.num_predictions}, masked {masked:.4f}, "
               f"predicted {predicted:.4f} of the maskable tokens")
         result[name] = {"examples_per_s": round(speed), "slots": masker.num_predictions,
                         "masked_rate": round(masked, 5), "predicted_rate": round(predicted, 5)}

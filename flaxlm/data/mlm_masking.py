@@ -95,12 +95,12 @@ class MLMMasker:
         maskable_BL = np.take(self._maskable_V, ids_BL)
         if segment_ids_BL is not None:
             maskable_BL &= segment_ids_BL > 0
-        pos_BP, real_BP, unpredicted_BL = self._choose(ids_BL, maskable_BL, segment_ids_BL, rng)
-        return self._corrupt(ids_BL, segment_ids_BL, pos_BP, real_BP, unpredicted_BL, rng)
+        pos_BP, real_BP, unpredicted = self._choose(ids_BL, maskable_BL, segment_ids_BL, rng)
+        return self._corrupt(ids_BL, segment_ids_BL, pos_BP, real_BP, unpredicted, rng)
 
     def _choose(self, ids_BL, maskable_BL, segment_ids_BL, rng):
         """The chosen positions [B, P], ascending in the first k slots of each row (0 after them), which slots are
-        real [B, P], and the positions masked without a slot ([B, L] bool, or None: here there are none):
+        real [B, P], and the positions masked without a slot ((rows, positions), or None: here there are none):
         k = round(mlm_probability * n) uniformly drawn maskable positions."""
         L, P = self.seq_len, self.num_predictions
         n_B = maskable_BL.sum(axis=1, dtype=np.int32)
@@ -112,17 +112,21 @@ class MLMMasker:
 
     def _shuffle(self, candidate_BL, rng, group_BL=None):
         """Each row's positions [B, L] int32: its candidate positions in a uniformly random order, then the
-        others (in ascending order). group_BL [B, L] (optional): each position's group, numbered in [0, L) within
+        others (in ascending order). group_BL [B, L] (optional): each position's group, numbered in [0, L] within
         its row; a group's positions then share their random bits and stay together, in ascending order."""
-        key_BL = self._random_u32(rng, candidate_BL.shape) >> np.uint32(1)  # bit 31 clear
+        key_BL = self._random_u32(rng, candidate_BL.shape)
         if group_BL is not None:
-            key_BL = np.take(key_BL, group_BL + np.arange(0, key_BL.size, key_BL.shape[1], dtype=group_BL.dtype)[:, None])
+            rows_B1 = np.arange(0, key_BL.size, key_BL.shape[1], dtype=group_BL.dtype)[:, None]
+            key_BL = np.take(key_BL.ravel(), group_BL + rows_B1, mode="wrap")  # group L of the last row: row 0's
+        key_BL >>= np.uint32(1)  # bit 31 clear
         key_BL &= ~self._pos_mask
         key_BL |= self._pos_L
-        key_BL |= (~candidate_BL).astype(np.uint32) << np.uint32(31)
-        return (np.sort(key_BL, axis=1) & self._pos_mask).astype(np.int32)
+        key_BL |= np.left_shift(~candidate_BL, 31, dtype=np.uint32)
+        key_BL.sort(axis=1)
+        key_BL &= self._pos_mask
+        return key_BL.view(np.int32)
 
-    def _corrupt(self, ids_BL, segment_ids_BL, pos_BP, real_BP, unpredicted_BL, rng):
+    def _corrupt(self, ids_BL, segment_ids_BL, pos_BP, real_BP, unpredicted, rng):
         """The batch: at each real slot's position, 80% the mask token, 10% a random non-special token, 10%
         unchanged, and the mask token at the unpredicted positions; the labels and weights of the slots; the
         attention mask (and the segment ids of packed rows)."""
@@ -135,8 +139,8 @@ class MLMMasker:
         input_ids_BL = ids_BL.copy()
         rows_BP = np.broadcast_to(np.arange(B)[:, None], (B, P))
         input_ids_BL[rows_BP[real_BP], pos_BP[real_BP]] = new_BP[real_BP]
-        if unpredicted_BL is not None:
-            input_ids_BL[unpredicted_BL] = self.mask_token_id
+        if unpredicted is not None:
+            input_ids_BL[unpredicted] = self.mask_token_id
 
         if segment_ids_BL is not None:
             attention_mask_BL = (segment_ids_BL > 0).astype(np.int32)

@@ -68,7 +68,7 @@ class WholeWordMasker(MLMMasker):
 
     def _choose(self, ids_BL, maskable_BL, segment_ids_BL, rng):
         """The predicted positions [B, P], ascending in the first slots of each row (0 after them), which slots
-        are real [B, P], and the masked positions without a slot ([B, L] bool, or None): the chosen words'."""
+        are real [B, P], and the masked positions without a slot ((rows, positions), or None): the chosen words'."""
         B, L = ids_BL.shape
         j_L = np.arange(L, dtype=np.int32)
         row_B1 = np.arange(0, B * L, L, dtype=np.int32)[:, None]  # where each row begins in a flat [B * L]
@@ -77,26 +77,40 @@ class WholeWordMasker(MLMMasker):
 
         # The circle: the maskable positions, each word's together, the words in a random order (one sort: a
         # word's positions share its random bits). Point j of the circle is position layout_BL[:, j].
-        word_BL = np.maximum(np.cumsum(starts_BL, axis=1, dtype=np.int32) - 1, 0)
+        word_BL = np.cumsum(starts_BL, axis=1, dtype=np.int32)  # each position's word, numbered from 1
         layout_BL = self._shuffle(maskable_BL, rng, group_BL=word_BL)
         opens_BL = np.take(starts_BL, layout_BL + row_B1)  # a word begins at point j
 
-        # The window [t, t + p * n) holds the points c, ..., c + k - 1 (mod n); the words that begin there are
-        # chosen. They follow one another: the run of chosen points goes from the first word beginning in the
-        # window to the first beginning after it (all n points when every word begins in the window). Points are
-        # counted from c: d = (j - c) mod n.
-        t_B1 = rng.random((B, 1)) * n_B1
-        c_B1 = np.ceil(t_B1)
-        k_B1 = np.ceil(t_B1 + self.mlm_probability * n_B1) - c_B1
-        c_B1 = np.where(c_B1 < n_B1, c_B1, 0).astype(np.int32)
-        d_BL = j_L - c_B1
-        d_BL += (d_BL < 0) * n_B1
-        opening_d_BL = np.where(opens_BL, d_BL, L)  # d where a word begins, L elsewhere
-        first_B1 = opening_d_BL.min(axis=1, keepdims=True)  # the first word beginning at or after c
-        after_B1 = np.where(opening_d_BL >= k_B1, opening_d_BL, L).min(axis=1, keepdims=True)
-        count_B1 = np.where(after_B1 < L, after_B1 - first_B1, n_B1) * (first_B1 < k_B1)
-        begin_B1 = (first_B1 + c_B1) % np.maximum(n_B1, 1)
+        begin_B1, count_B1 = self._window(opens_BL, n_B1[:, 0], rng)
         return self._slots(layout_BL, row_B1, begin_B1, count_B1, n_B1)
+
+    def _window(self, opens_BL, n_B, rng):
+        """The run of chosen points of each row's circle: where it begins and how many points it holds, [B, 1]
+        each. The window [t, t + p * n) holds the points c, ..., c + k - 1 (mod n); the words that begin there
+        are chosen. They follow one another: the run goes from the first word beginning at or after c to the
+        first beginning at or after c + k (all n points when no word begins outside the window)."""
+        B, L = opens_BL.shape
+        t_B = rng.random(B) * n_B
+        c_B = np.ceil(t_B)
+        k_B = (np.ceil(t_B + self.mlm_probability * n_B) - c_B).astype(np.int32)
+        c_B = np.where(c_B < n_B, c_B, 0).astype(np.int32)
+        openings = np.flatnonzero(opens_BL)  # flat indices, ascending
+        row_B = np.arange(0, B * L, L)
+
+        def next_opening(x_B):  # the first point >= x where a word begins, or -1
+            i_B = np.minimum(np.searchsorted(openings, row_B + x_B), max(openings.size - 1, 0))
+            at_B = openings[i_B] - row_B if openings.size else np.full(B, L)
+            return np.where((at_B >= x_B) & (at_B < n_B), at_B, -1)
+
+        first_B = next_opening(c_B)  # none: the run wraps round to point 0 (where a word always begins)
+        first_d_B = np.where(first_B >= 0, first_B - c_B, n_B - c_B)
+        end_B = c_B + k_B
+        wraps_B = end_B >= n_B
+        after_B = next_opening(np.where(wraps_B, end_B - n_B, end_B))
+        after_d_B = np.where(wraps_B, np.where((after_B >= 0) & (after_B < c_B), after_B + n_B - c_B, n_B + first_d_B),
+                             np.where(after_B >= 0, after_B - c_B, n_B - c_B))
+        count_B = np.where(first_d_B < k_B, after_d_B - first_d_B, 0)
+        return ((c_B + first_d_B) % np.maximum(n_B, 1))[:, None], count_B[:, None]
 
     def _slots(self, layout_BL, row_B1, begin_B1, count_B1, n_B1):
         """Slots for the run of count points from point begin of each row's circle (as _choose returns them)."""
@@ -114,9 +128,7 @@ class WholeWordMasker(MLMMasker):
         # Rows with more masked tokens than slots: the run's points past the P-th are masked, not predicted.
         run_OL = np.take(layout_BL, (begin_B1[over] + j_L) % n1_B1[over] + row_B1[over])
         past_OL = (j_L >= P) & (j_L < count_B1[over])
-        unpredicted_BL = np.zeros((B, L), dtype=bool)
-        unpredicted_BL[np.broadcast_to(over[:, None], past_OL.shape)[past_OL], run_OL[past_OL]] = True
-        return pos_BP, real_BP, unpredicted_BL
+        return pos_BP, real_BP, (np.broadcast_to(over[:, None], past_OL.shape)[past_OL], run_OL[past_OL])
 
 
 def _table(word_V, size, fill):
