@@ -67,12 +67,13 @@ def test_every_word_of_the_tokenizer_is_masked_whole_or_not_at_all(tokenizers, e
     same_word_BL = (words_BL[:, 1:] == words_BL[:, :-1]) & (words_BL[:, 1:] >= 0)
     assert not np.any(same_word_BL & (masked_BL[:, 1:] != masked_BL[:, :-1]))
     assert np.sum(same_word_BL & masked_BL[:, 1:]) > 200  # many words of several tokens were masked
+    assert np.sum(~same_word_BL & (masked_BL[:, 1:] != masked_BL[:, :-1])) > 200  # neighbouring words apart
     assert not masked_BL[np.isin(ids_BL, tok.all_special_ids)].any()  # nor special tokens, nor padding
 
 
 # What the masker takes for words: the text of each, read back through the tokenizer's offsets (in the text as
-# given, before lowercasing), whitespace-only words left out. WordPiece splits off punctuation (as BERT's pre-tokenizer does); byte-level BPE and
-# SentencePiece pieces without a word marker continue the word, punctuation included.
+# given, before lowercasing), whitespace-only words left out. WordPiece splits off punctuation (as BERT's
+# pre-tokenizer does); byte-level BPE and SentencePiece pieces without a word marker continue the word.
 TEXT = "The statement, for if_stmt  is\nused (as loops)."
 WORDS = {"bpe": ["The", "statement,", "for", "if_stmt", "is", "used", "(as", "loops)."],
          "unigram": ["The", "statement,", "for", "if_stmt", "is", "used", "(as", "loops)."],
@@ -119,6 +120,36 @@ def test_words_are_masked_with_probability_p_whatever_their_length():
     assert freq_L[[0, 38, 39]].max() == 0
     np.testing.assert_allclose(freq_L[1:38], P_MASK, atol=4 * np.sqrt(P_MASK * (1 - P_MASK) / 40_000))
     assert np.all(freq_L[11:23] == freq_L[11])  # the long word is masked whole
+
+
+def test_the_masked_run_holds_exactly_the_words_beginning_in_the_window():
+    """The vectorized run (binary search, wrap-around) against a plain loop over each row's circle, on rows of
+    random words, padding, a single word and nothing maskable."""
+    V, B, L = 100, 64, 24
+    m = WholeWordMasker(seq_len=L, vocab_size=V, mask_token_id=4, pad_token_id=1, special_token_ids=[0, 1, 2, 3],
+                        mlm_probability=0.3, starts_word_V=np.arange(V) < 50, ends_word_V=np.zeros(V, bool))
+    data = np.random.default_rng(5)
+    for seed in range(20):
+        ids_BL = data.integers(5, V, (B, L)).astype(np.int32)
+        ids_BL[data.random((B, L)) < 0.1] = 1
+        ids_BL[0], ids_BL[1] = data.integers(50, V, L), 1  # one word; nothing maskable
+        maskable_BL = np.take(m._maskable_V, ids_BL)
+        starts_BL = m.word_starts(ids_BL)
+        rng = np.random.default_rng(seed)
+        layout_BL = m._shuffle(maskable_BL, rng, group_BL=np.cumsum(starts_BL, axis=1, dtype=np.int32))
+        opens_BL = np.take_along_axis(starts_BL, layout_BL, axis=1)
+        n_B = maskable_BL.sum(axis=1)
+        state = rng.bit_generator.state
+        begin_B1, count_B1 = m._window(opens_BL, n_B, rng)
+        rng.bit_generator.state = state
+        t_B = rng.random(B) * n_B
+        for b in range(B):
+            n = int(n_B[b])
+            first = np.maximum.accumulate(np.where(opens_BL[b, :n], np.arange(n), 0)) if n else []
+            c, k = int(np.ceil(t_B[b])) % max(n, 1), int(np.ceil(t_B[b] + 0.3 * n) - np.ceil(t_B[b]))
+            chosen = sorted(j for j in range(n) if (first[j] - c) % n < k)
+            run = [(begin_B1[b, 0] + i) % max(n, 1) for i in range(count_B1[b, 0])]
+            assert sorted(run) == chosen and len(set(run)) == len(run)
 
 
 def test_80_10_10_and_random_tokens_not_special(tokenizers, encoded):

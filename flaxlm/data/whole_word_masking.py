@@ -9,24 +9,27 @@ packed sequence (a new segment id); every maskable position belongs to the word 
 before it. A word is masked whole or not at all; special tokens and padding never are.
 
 Choice (systematic sampling of words in a random order): the row's words are put in a uniformly random order
-and laid end to end on a circle of n tokens (n = the row's maskable positions); a window of length p * n
+and laid end to end on a circle of n points (n = the row's maskable positions); a window of length p * n
 (p = mlm_probability) starts at a uniformly random point of the circle, and the words whose first token lies
 inside it are masked. Given the order, a word's first token is a fixed point of the circle and the window's
 start is uniform, so every word is masked with probability exactly p whatever its length: every token is
 masked with probability p and the expected number of masked tokens is p * n (not p times the number of words;
 long words neither raise nor lower it, unlike a budget of tokens filled word by word, which skips the long
-words that no longer fit). The masked words follow one another on the circle and cover the window give or
-take one word, so a row's count stays within a word's length of p * n.
+words that no longer fit). The masked words follow one another on the circle: one run that covers the window
+give or take a word, so a row's count stays within a word's length of p * n. One sort lays the circle out
+(each position's key carries its word's random bits, so a word's positions stay together, in order) and a
+binary search over the points where words begin finds the run.
 
 Slots. The LM head predicts the masked tokens at P = ceil(p * L) + WORD_SLACK slots per row (at most L), in
 ascending position order, then empty slots (position 0, label 0, weight 0); each predicted token is, as in
-token masking (flaxlm.data.mlm_masking), 80% the mask token, 10% a random token, 10% unchanged. The words inside
-the window hold at most p * n <= ceil(p * L) tokens, so only a last word that reaches more than WORD_SLACK tokens
-past the window's end (a long identifier or URL) can leave a row with more masked tokens than slots: those past
-the P-th are still masked, always with the mask token, but not predicted. The masked-token rate stays p; the
-predicted rate falls short of it only in such rows (at p = 0.15 on English and Norwegian text with 8k-token
-vocabularies it is 0.150; on Python's documentation with a 1k-token Unigram vocabulary, whose identifiers run
-to 20+ pieces, 0.144 at L = 128 and 0.148 at L = 512).
+token masking (flaxlm.data.mlm_masking), 80% the mask token, 10% a random token, 10% unchanged. The words
+inside the window hold at most p * n <= ceil(p * L) tokens, so only a last word reaching more than WORD_SLACK
+tokens past the window's end (a long identifier or URL) can give a row more masked tokens than slots: the
+run's tokens past the P-th are still masked, always with the mask token, but not predicted. The masked-token
+rate stays p; the predicted rate falls short of it only in such rows. At p = 0.15 with 8k-token BPE and
+Unigram vocabularies on English and Norwegian Wikipedia text both are 0.150 at L = 128 and 512; on Python's
+documentation with a 1k-token Unigram vocabulary, whose identifiers run to 20+ pieces, 0.142 (L = 128) and
+0.146 (L = 512) are predicted (bench/whole_word_masking.py). It costs about twice token masking's CPU time.
 """
 import math
 
@@ -97,20 +100,20 @@ class WholeWordMasker(MLMMasker):
         openings = np.flatnonzero(opens_BL)  # flat indices, ascending
         row_B = np.arange(0, B * L, L)
 
-        def next_opening(x_B):  # the first point >= x where a word begins, or -1
+        def opening_from(s_B):
+            """How far round the circle from c the first word begins at a distance of s or more (n: none)."""
+            x_B = c_B + s_B
+            wraps_B = x_B >= n_B
+            x_B = np.where(wraps_B, x_B - n_B, x_B)
             i_B = np.minimum(np.searchsorted(openings, row_B + x_B), max(openings.size - 1, 0))
-            at_B = openings[i_B] - row_B if openings.size else np.full(B, L)
-            return np.where((at_B >= x_B) & (at_B < n_B), at_B, -1)
+            at_B = np.where(openings.size > 0, openings[i_B] - row_B, L)  # the first point >= x where one begins
+            at_B = np.where(at_B >= x_B, at_B, L)  # (in a later row: none in this one)
+            ahead_B = np.where(at_B < n_B, at_B - c_B, n_B - c_B)  # none before the end: point 0 (or c itself)
+            return np.where(wraps_B, np.where(at_B < c_B, at_B + n_B - c_B, n_B), ahead_B)
 
-        first_B = next_opening(c_B)  # none: the run wraps round to point 0 (where a word always begins)
-        first_d_B = np.where(first_B >= 0, first_B - c_B, n_B - c_B)
-        end_B = c_B + k_B
-        wraps_B = end_B >= n_B
-        after_B = next_opening(np.where(wraps_B, end_B - n_B, end_B))
-        after_d_B = np.where(wraps_B, np.where((after_B >= 0) & (after_B < c_B), after_B + n_B - c_B, n_B + first_d_B),
-                             np.where(after_B >= 0, after_B - c_B, n_B - c_B))
-        count_B = np.where(first_d_B < k_B, after_d_B - first_d_B, 0)
-        return ((c_B + first_d_B) % np.maximum(n_B, 1))[:, None], count_B[:, None]
+        first_B, after_B = opening_from(0), opening_from(k_B)
+        count_B = np.where(first_B < k_B, np.where(after_B < n_B, after_B, n_B + first_B) - first_B, 0)
+        return ((c_B + first_B) % np.maximum(n_B, 1))[:, None], count_B[:, None]
 
     def _slots(self, layout_BL, row_B1, begin_B1, count_B1, n_B1):
         """Slots for the run of count points from point begin of each row's circle (as _choose returns them)."""
