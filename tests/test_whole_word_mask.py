@@ -97,6 +97,24 @@ def test_words_are_those_the_tokenizer_marks(tokenizers, kind):
     assert [w for w in words if w] == WORDS[kind]
 
 
+@pytest.mark.parametrize("name", ["XLMRobertaTokenizer", "DebertaV2Tokenizer", "ElectraTokenizer"])
+def test_the_tokenizers_of_xlm_r_deberta_v3_and_electra_mark_their_words(name):
+    """Built by transformers from a vocabulary (SentencePiece's `▁` for XLM-R and DeBERTa-v3, WordPiece's `##`
+    for ELECTRA), they split "hello world, hellod" into the same pieces; WordPiece makes "," a word of its own."""
+    import transformers
+    if name == "ElectraTokenizer":
+        words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "wor", "##ld", ",", "##d"]
+        tok, expected = transformers.ElectraTokenizer(vocab={w: i for i, w in enumerate(words)}), [1, 1, 0, 1, 1, 0]
+    else:
+        words = ["<s>", "<pad>", "</s>", "<unk>", "▁hello", "▁wor", "ld", ",", "d", *"helowr", "▁"]
+        tok = getattr(transformers, name)(vocab=[(w, -1.0 - i) for i, w in enumerate(words)])
+        expected = [1, 1, 0, 0, 1, 0]
+    ids = tok("hello world, hellod")["input_ids"][1:-1]
+    assert [t.lstrip("▁#") for t in tok.convert_ids_to_tokens(ids)] == ["hello", "wor", "ld", ",", "hello", "d"]
+    starts_word_V, ends_word_V = word_boundaries(tok)
+    assert starts_word_V[ids].astype(int).tolist() == expected and not ends_word_V.any()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_masked_token_rate_is_p_over_a_large_batch(tokenizers, encoded, kind):
     tok, (ids_NL, _, _, _) = tokenizers[kind], encoded[kind]
