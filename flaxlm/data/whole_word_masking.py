@@ -136,7 +136,7 @@ class WholeWordMasker(MLMMasker):
 
 def _table(word_V, size, fill):
     """A bool table over token ids 0..size-1: word_V, with ids beyond it (special tokens added last) `fill`."""
-    word_V = np.asarray(word_V, dtype=bool)
-    table_V = np.full(max(size, word_V.size), fill, dtype=bool)
+    word_V = np.asarray(word_V, dtype=bool)[:size]
+    table_V = np.full(size, fill, dtype=bool)
     table_V[:word_V.size] = word_V
     return table_V
