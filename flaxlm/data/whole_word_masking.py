@@ -73,7 +73,6 @@ class WholeWordMasker(MLMMasker):
         """The predicted positions [B, P], ascending in the first slots of each row (0 after them), which slots
         are real [B, P], and the masked positions without a slot ((rows, positions), or None): the chosen words'."""
         B, L = ids_BL.shape
-        j_L = np.arange(L, dtype=np.int32)
         row_B1 = np.arange(0, B * L, L, dtype=np.int32)[:, None]  # where each row begins in a flat [B * L]
         n_B1 = maskable_BL.sum(axis=1, dtype=np.int32)[:, None]
         starts_BL = self._word_starts(ids_BL, maskable_BL, segment_ids_BL)
@@ -117,8 +116,7 @@ class WholeWordMasker(MLMMasker):
 
     def _slots(self, layout_BL, row_B1, begin_B1, count_B1, n_B1):
         """Slots for the run of count points from point begin of each row's circle (as _choose returns them)."""
-        B, L = layout_BL.shape
-        P = self.num_predictions
+        L, P = layout_BL.shape[1], self.num_predictions
         j_L = np.arange(L, dtype=np.int32)
         n1_B1 = np.maximum(n_B1, 1)
         real_BP = j_L[:P] < count_B1
