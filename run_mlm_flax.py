@@ -2,9 +2,9 @@
 """Masked-LM pretraining of BERT/RoBERTa in JAX/Flax; the successor of Hugging Face's run_mlm_flax.py.
 
 Pipeline: options -> output directory -> tokenizer and model (new from --config_name, or continued
-from --model_name_or_path) -> text -> fixed-length token rows -> BERT masking -> training over all
-devices with evaluation and checkpoints -> export in Hugging Face format (config.json,
-model.safetensors, tokenizer files) to --output_dir.
+from --model_name_or_path) -> text -> fixed-length token rows -> BERT masking (of whole words with
+--whole_word_mask) -> training over all devices with evaluation and checkpoints -> export in Hugging Face
+format (config.json, model.safetensors, tokenizer files) to --output_dir.
 
     python run_mlm_flax.py --output_dir runs/x --config_name MODEL_DIR --tokenizer_name MODEL_DIR \
         --train_file train.txt --validation_file valid.txt --max_seq_length 128 --max_steps 1000
@@ -28,11 +28,13 @@ def main(argv=None):
     from flaxlm.data.text import load_raw_text
     from flaxlm.objectives.mlm import mlm_objective
     from flaxlm.data.mlm_masking import MLMMasker
+    from flaxlm.data.whole_word_masking import WholeWordMasker
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.tokenization.word_boundaries import word_boundaries
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
@@ -42,7 +44,12 @@ def main(argv=None):
     config, model = load_model(model_args, seed=args.seed, script="run_mlm_flax.py")
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
-    masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
+    if mlm_args.whole_word_mask:  # words as the tokenizer's vocabulary marks them
+        starts_word_V, ends_word_V = word_boundaries(tokenizer)
+        masker = WholeWordMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability,
+                                                starts_word_V=starts_word_V, ends_word_V=ends_word_V)
+    else:
+        masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
     graphdef, params = split_model(model)
 
     # Devices and batch sizes.

@@ -122,12 +122,16 @@ class DataArgs:
 
 @dataclass
 class MaskedLMArgs:
-    """How run_mlm_flax.py lays text into rows (the other scripts do not take these)."""
+    """How run_mlm_flax.py lays text into rows and masks them (the other scripts do not take these)."""
     line_by_line: bool = option(False, key="task.data.line_by_line",
                                 help="one example per non-empty line instead of packed blocks")
     pack_lines: bool = option(True, key="task.data.pack_lines",
                               help="with --line_by_line: several lines share a row, each attending only to itself "
                                    "with positions restarting (--pack_lines false: one line per row)")
+    whole_word_mask: bool = option(False, key="task.objective.whole_word_mask",
+                                   help="mask whole words (all pieces of a word together; words as the tokenizer "
+                                        "marks them: WordPiece ##, byte-level BPE Ġ, SentencePiece ▁), still "
+                                        "--mlm_probability of the tokens")
 
 
 @dataclass

@@ -64,15 +64,16 @@ class MLMMasker:
         self._pos_L = np.arange(seq_len, dtype=np.uint32)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, seq_len, mlm_probability=0.15):
-        """A masker for a Hugging Face tokenizer; UserError when it has no mask token."""
+    def from_tokenizer(cls, tokenizer, seq_len, mlm_probability=0.15, **masker_args):
+        """A masker for a Hugging Face tokenizer (masker_args: a subclass's own); UserError when it has no mask
+        token."""
         if tokenizer.mask_token_id is None:
             where = getattr(tokenizer, "name_or_path", "") or "(in memory)"
             raise UserError(f"tokenizer at {where} has no mask token; train it with train_tokenizer.py "
                             f"or pick a masked-LM tokenizer")
         return cls(seq_len=seq_len, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                    pad_token_id=tokenizer.pad_token_id, special_token_ids=tokenizer.all_special_ids,
-                   mlm_probability=mlm_probability)
+                   mlm_probability=mlm_probability, **masker_args)
 
     def _random_u32(self, rng, shape):
         """Uniform uint32 bits, drawn as raw 64-bit words (the cheapest draw numpy offers)."""
@@ -91,30 +92,46 @@ class MLMMasker:
         ids_BL = np.asarray(rows, dtype=np.int32)
         if ids_BL.ndim != 2 or ids_BL.shape[1] != self.seq_len:
             raise ValueError(f"expected token ids of shape [batch, {self.seq_len}], got {ids_BL.shape}")
-        B, L = ids_BL.shape
-        P = self.num_predictions
-
-        # Which positions may be chosen, and how many are chosen per row.
         maskable_BL = np.take(self._maskable_V, ids_BL)
         if segment_ids_BL is not None:
             maskable_BL &= segment_ids_BL > 0
+        pos_BP, real_BP, unpredicted = self._choose(ids_BL, maskable_BL, segment_ids_BL, rng)
+        return self._corrupt(ids_BL, segment_ids_BL, pos_BP, real_BP, unpredicted, rng)
+
+    def _choose(self, ids_BL, maskable_BL, segment_ids_BL, rng):
+        """The chosen positions [B, P], ascending in the first k slots of each row (0 after them), which slots are
+        real [B, P], and the positions masked without a slot ((rows, positions), or None: here there are none):
+        k = round(mlm_probability * n) uniformly drawn maskable positions."""
+        L, P = self.seq_len, self.num_predictions
         n_B = maskable_BL.sum(axis=1, dtype=np.int32)
         k_B = np.where(n_B > 0, np.maximum(1, np.rint(self.mlm_probability * n_B)), 0).astype(np.int32)
-
-        # Keys: [non-maskable flag | random bits | position]; sorting them shuffles maskable positions.
-        key_BL = self._random_u32(rng, (B, L)) >> np.uint32(1)  # bit 31 clear
-        key_BL &= ~self._pos_mask
-        key_BL |= self._pos_L
-        key_BL |= (~maskable_BL).astype(np.uint32) << np.uint32(31)
-        cand_BP = (np.sort(key_BL, axis=1)[:, :P] & self._pos_mask).astype(np.int32)
-
-        # Chosen positions ascending in the first k_B slots; empty slots after them.
+        cand_BP = self._shuffle(maskable_BL, rng)[:, :P]
         real_BP = np.arange(P, dtype=np.int32) < k_B[:, None]
         pos_BP = np.sort(np.where(real_BP, cand_BP, L), axis=1)
-        pos_BP = np.where(real_BP, pos_BP, 0).astype(np.int32)
-        labels_BP = np.where(real_BP, np.take_along_axis(ids_BL, pos_BP, axis=1), 0).astype(np.int32)
+        return np.where(real_BP, pos_BP, 0).astype(np.int32), real_BP, None
 
-        # 80% mask token, 10% random non-special token, 10% unchanged.
+    def _shuffle(self, candidate_BL, rng, group_BL=None):
+        """Each row's positions [B, L] int32: its candidate positions in a uniformly random order, then the
+        others (in ascending order). group_BL [B, L] (optional): each position's group, numbered in [0, L] within
+        its row; a group's positions then share their random bits and stay together, in ascending order."""
+        key_BL = self._random_u32(rng, candidate_BL.shape)
+        if group_BL is not None:
+            rows_B1 = np.arange(0, key_BL.size, key_BL.shape[1], dtype=group_BL.dtype)[:, None]
+            key_BL = np.take(key_BL.ravel(), group_BL + rows_B1, mode="wrap")  # group L of the last row: row 0's
+        key_BL >>= np.uint32(1)  # bit 31 clear
+        key_BL &= ~self._pos_mask
+        key_BL |= self._pos_L
+        key_BL |= np.left_shift(~candidate_BL, 31, dtype=np.uint32)
+        key_BL.sort(axis=1)
+        key_BL &= self._pos_mask
+        return key_BL.view(np.int32)
+
+    def _corrupt(self, ids_BL, segment_ids_BL, pos_BP, real_BP, unpredicted, rng):
+        """The batch: at each real slot's position, 80% the mask token, 10% a random non-special token, 10%
+        unchanged, and the mask token at the unpredicted positions; the labels and weights of the slots; the
+        attention mask (and the segment ids of packed rows)."""
+        B, P = pos_BP.shape
+        labels_BP = np.where(real_BP, np.take_along_axis(ids_BL, pos_BP, axis=1), 0).astype(np.int32)
         u_BP = rng.random((B, P), dtype=np.float32)
         random_BP = self._random_tokens[rng.integers(0, self._random_tokens.size, (B, P), dtype=np.int32)]
         new_BP = np.where(u_BP < 0.8, np.int32(self.mask_token_id), np.where(u_BP < 0.9, random_BP, labels_BP))
@@ -122,11 +139,13 @@ class MLMMasker:
         input_ids_BL = ids_BL.copy()
         rows_BP = np.broadcast_to(np.arange(B)[:, None], (B, P))
         input_ids_BL[rows_BP[real_BP], pos_BP[real_BP]] = new_BP[real_BP]
+        if unpredicted is not None:
+            input_ids_BL[unpredicted] = self.mask_token_id
 
         if segment_ids_BL is not None:
             attention_mask_BL = (segment_ids_BL > 0).astype(np.int32)
         elif self.pad_token_id is None:
-            attention_mask_BL = np.ones((B, L), dtype=np.int32)
+            attention_mask_BL = np.ones(ids_BL.shape, dtype=np.int32)
         else:
             attention_mask_BL = (ids_BL != self.pad_token_id).astype(np.int32)
         batch = {
