@@ -1,11 +1,18 @@
 """What only XLM-RoBERTa and CamemBERT have (their parity cases are in test_parity.py): presets with the hub's
-configs and transformers' parameter counts."""
+configs and transformers' parameter counts; train_tokenizer.py's XLM-R tokenizer."""
+import json
+import os
+
 import pytest
 import torch
 import transformers
+from tokenizers import Tokenizer
+
+from flaxlm.errors import UserError
 
 from flaxlm import models
 from flaxlm.models.presets import build_config
+from flaxlm.tokenization.trainers import train_xlmr_unigram
 
 # from the hub's config.json of FacebookAI/xlm-roberta-base, -large and almanach/camembert-base
 _HUB = dict(max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, hidden_act="gelu",
@@ -32,3 +39,42 @@ def test_presets_have_the_hub_configs_and_transformers_parameter_counts(name):
     assert type(hf).__name__ == models.family_of(config).architecture
     ours = models.count_params(models.abstract_model(config)[1])
     assert ours == sum(p.numel() for p in hf.parameters()) == HUB_SIZES.get(name, ours)
+
+
+def test_xlmr_unigram_tokenizer_loads_as_xlm_robertas(model_dir_for, tmp_path):
+    """train_tokenizer.py --type xlmr-unigram: AutoTokenizer loads an XLMRobertaTokenizer with XLM-R's ids, which
+    encodes sentences and pairs as XLMRobertaTokenizer built from the same pieces does (how transformers builds
+    the hub's), and as tokenizer.json read directly does (transformers 4); create_config.py takes its ids."""
+    import create_config
+    d = model_dir_for("xlm-roberta-tiny", "xlmr-unigram", 300)
+    assert json.loads(open(os.path.join(d, "tokenizer_config.json")).read())["tokenizer_class"] == \
+        "XLMRobertaTokenizer"
+    back = transformers.AutoTokenizer.from_pretrained(d)
+    assert type(back) is transformers.XLMRobertaTokenizerFast and len(back) == 300
+    assert [back.bos_token_id, back.pad_token_id, back.eos_token_id, back.unk_token_id, back.mask_token_id] == \
+        [0, 1, 2, 3, 299]
+    assert back.convert_ids_to_tokens([0, 1, 2, 3, 299]) == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    pieces = json.loads(open(os.path.join(d, "tokenizer.json")).read())["model"]["vocab"]
+    reference = transformers.XLMRobertaTokenizerFast(vocab=[tuple(p) for p in pieces])
+    raw = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    a, b = "The film was good, 12 times.", "Another line"
+    ids_a, ids_b = back(a).input_ids, back(b).input_ids
+    assert ids_a[0] == 0 and ids_a[-1] == 2 and 3 not in ids_a and back.tokenize(a)[0].startswith("▁")
+    assert back(a, b).input_ids == ids_a + [2] + ids_b[1:]  # <s> A </s></s> B </s>
+    for args in ((a,), (a, b), ("ünseen ¤ char",)):
+        assert back(*args).input_ids == reference(*args).input_ids == raw.encode(*args).ids
+    assert back("¤").input_ids == [0, back.convert_tokens_to_ids("▁"), 3, 2]  # a character never seen: <unk>
+    assert back(a + " <mask>").input_ids == ids_a[:-1] + [299, 2]  # the space went into <mask> (lstrip)
+    assert back.decode(ids_a, skip_special_tokens=True) == a
+
+    create_config.main(["--preset", "xlm-roberta-base", "--tokenizer_name", d, "--output_dir", str(tmp_path)])
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["bos_token_id"], config["pad_token_id"], config["eos_token_id"], config["vocab_size"]) == \
+        (0, 1, 2, 300)
+
+
+def test_xlmr_unigram_refuses_what_would_not_survive_reloading():
+    with pytest.raises(UserError, match="--lowercase does not survive reloading"):
+        train_xlmr_unigram(["Hei du"], vocab_size=100, lowercase=True)
+    with pytest.raises(UserError, match="--vocab_size 8 is too small for this text"):
+        train_xlmr_unigram(["abcdefghij"], vocab_size=8)

@@ -242,10 +242,12 @@ class TrainingArgs:
 @dataclass
 class TokenizerArgs:
     output_dir: str = required(help="directory to save the tokenizer in (the model directory)")
-    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram"),
-                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT) or Unigram (T5)")
+    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram", "xlmr-unigram"),
+                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT), Unigram (T5) or Unigram as XLM-RoBERTa "
+                            "has it (<s> <pad> </s> <unk> first, <mask> last; loads as XLMRobertaTokenizer)")
     vocab_size: int | None = option(minimum=1,
-                                    help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram)")
+                                    help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram and "
+                                         "xlmr-unigram)")
     min_frequency: int = option(2, minimum=0, help="minimum count for a merge / token")
     lowercase: bool | None = option(help="lowercase the text (default: on for wordpiece, off otherwise)")
     model_max_length: int = option(512, minimum=1, help="longest sequence the tokenizer is saved for")
