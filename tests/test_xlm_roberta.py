@@ -1,8 +1,10 @@
 """What only XLM-RoBERTa and CamemBERT have (their parity cases are in test_parity.py): presets with the hub's
-configs and transformers' parameter counts; train_tokenizer.py's XLM-R tokenizer."""
+configs and transformers' parameter counts; train_tokenizer.py's XLM-R tokenizer; run_mlm_flax.py with --model_type
+alone, and continuing a checkpoint transformers wrote."""
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -78,3 +80,51 @@ def test_xlmr_unigram_refuses_what_would_not_survive_reloading():
         train_xlmr_unigram(["Hei du"], vocab_size=100, lowercase=True)
     with pytest.raises(UserError, match="--vocab_size 8 is too small for this text"):
         train_xlmr_unigram(["abcdefghij"], vocab_size=8)
+
+
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=37"
+
+
+def mlm_args(out, tokenizer_dir, corpus, *flags):
+    """A tiny run_mlm_flax.py run's flags on the test corpus (3 steps, one row per device)."""
+    return ["--output_dir", str(out), "--tokenizer_name", tokenizer_dir, "--train_file", corpus["train"],
+            "--validation_file", corpus["validation"], "--max_seq_length", "32", "--per_device_train_batch_size", "1",
+            "--per_device_eval_batch_size", "2", "--max_steps", "3", "--eval_steps", "3", "--logging_steps", "1",
+            *flags]
+
+
+def test_run_mlm_with_model_type_alone_then_continuing_a_transformers_camembert(model_dir_for, corpus, tmp_path):
+    """Hugging Face's command line `--model_type xlm-roberta --tokenizer_name DIR`, no config: transformers'
+    default XLMRobertaConfig sized to our XLM-R tokenizer (made tiny with --config_overrides) trains, and its export
+    loads as XLMRobertaForMaskedLM with our logits. A CamembertForMaskedLM saved by transformers continues
+    pretraining and exports back as one."""
+    import run_mlm_flax
+    from run_helpers import read_metrics
+    tokenizer_dir = model_dir_for(None, "xlmr-unigram", 300)
+    out = tmp_path / "xlmr"
+    run_mlm_flax.main(mlm_args(out, tokenizer_dir, corpus, "--model_type", "xlm-roberta", "--config_overrides", TINY))
+    assert all(np.isfinite(r["loss"]) for r in read_metrics(out)) and read_metrics(out, "eval")
+    hf, info = transformers.AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert type(hf) is transformers.XLMRobertaForMaskedLM and not any(info.values()), info
+    default = transformers.XLMRobertaConfig()
+    assert (hf.config.vocab_size, hf.config.hidden_size, hf.config.pad_token_id, hf.config.layer_norm_eps) == \
+        (300, 32, 1, default.layer_norm_eps)  # the tokenizer's size and ids, the overrides, the rest default
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = np.asarray(tok(["The for statement is used.", "A loop"], padding=True)["input_ids"])
+    _, ours = models.load_pretrained(str(out))
+    with torch.no_grad():
+        theirs = hf(torch.tensor(ids), attention_mask=torch.tensor(ids != 1)).logits.numpy()
+    real = ids != 1
+    assert np.abs(np.asarray(ours(ids, real.astype(np.int32)))[real] - theirs[real]).max() < 1e-4
+
+    hf_dir = tmp_path / "camembert"
+    torch.manual_seed(0)
+    camembert = transformers.CamembertForMaskedLM(build_config("camembert-tiny", tok, {"vocab_size": 304}))
+    camembert.save_pretrained(hf_dir)
+    tok.save_pretrained(hf_dir)
+    out = tmp_path / "continued"
+    run_mlm_flax.main(mlm_args(out, str(hf_dir), corpus, "--model_name_or_path", str(hf_dir), "--max_steps", "2"))
+    after, info = transformers.AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert type(after) is transformers.CamembertForMaskedLM and not any(info.values()), info
+    before = camembert.state_dict()
+    assert any(not torch.equal(before[k], v) for k, v in after.state_dict().items())  # trained
