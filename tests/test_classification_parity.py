@@ -17,7 +17,7 @@ from test_parity import CASE
 
 AUTO = {"sequence_classification": transformers.AutoModelForSequenceClassification,
         "question_answering": transformers.AutoModelForQuestionAnswering}
-CASES = [(m, t) for m in ("bert", "roberta") for t in AUTO]
+CASES = [(m, t) for m in ("bert", "roberta", "xlm-roberta", "camembert") for t in AUTO]
 
 
 def tiny_config(model_type, **overrides):
@@ -72,8 +72,9 @@ def test_flaxlm_to_hf(tmp_path, model_type, task):
     models.save_pretrained(tmp_path, config, params)
     hf, info = AUTO[task].from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    suffix = "ForSequenceClassification" if task == "sequence_classification" else "ForQuestionAnswering"
-    assert type(hf).__name__ == ("Roberta" if model_type == "roberta" else "Bert") + suffix
+    assert type(hf).__name__ == models.family_of(config).heads[task].architecture
+    assert type(hf).__name__.endswith("ForSequenceClassification" if task == "sequence_classification" else
+                                      "ForQuestionAnswering") and type(hf).config_class.model_type == model_type
     if task == "sequence_classification":
         assert hf.config.id2label == {0: "neg", 1: "neu", 2: "pos"} and hf.config.label2id["pos"] == 2
     ids, mask, types = inputs(config, seed=1)

@@ -128,3 +128,32 @@ def test_run_mlm_with_model_type_alone_then_continuing_a_transformers_camembert(
     assert type(after) is transformers.CamembertForMaskedLM and not any(info.values()), info
     before = camembert.state_dict()
     assert any(not torch.equal(before[k], v) for k, v in after.state_dict().items())  # trained
+
+
+def test_fine_tuning_xlm_roberta_and_camembert_exports_their_heads(model_dir_for, tmp_path):
+    """run_classification.py fine-tunes an XLMRobertaForMaskedLM saved by transformers (its MLM head dropped, a
+    fresh classifier) and run_qa.py a new CamemBERT; each export loads cleanly as transformers' class."""
+    import run_classification
+    import run_qa
+    from test_sentence_prediction import sentences, write_tsv
+    from test_squad import facts_file
+    xlmr_dir = model_dir_for("xlm-roberta-tiny", "xlmr-unigram", 300)
+    pretrained = tmp_path / "xlmr"
+    torch.manual_seed(0)
+    transformers.XLMRobertaForMaskedLM(models.load_config(xlmr_dir)).save_pretrained(pretrained)
+    transformers.AutoTokenizer.from_pretrained(xlmr_dir).save_pretrained(pretrained)
+    tsv = write_tsv(tmp_path / "train.tsv", sentences(16, 1))
+    steps = ["--per_device_train_batch_size", "1", "--max_steps", "2", "--logging_steps", "1", "--save_steps", "2"]
+    run_classification.main(["--output_dir", str(tmp_path / "cls"), "--model_name_or_path", str(pretrained),
+                             "--train_file", tsv, "--validation_file", tsv, *steps])
+    camembert_dir = model_dir_for("camembert-tiny", "xlmr-unigram", 300)
+    squad = facts_file(tmp_path / "facts.json")
+    run_qa.main(["--output_dir", str(tmp_path / "qa"), "--config_name", camembert_dir, "--tokenizer_name",
+                 camembert_dir, "--train_file", squad, "--validation_file", squad, "--max_seq_length", "64",
+                 "--doc_stride", "16", *steps])
+    for run, auto, cls in (("cls", transformers.AutoModelForSequenceClassification,
+                            transformers.XLMRobertaForSequenceClassification),
+                           ("qa", transformers.AutoModelForQuestionAnswering,
+                            transformers.CamembertForQuestionAnswering)):
+        hf, info = auto.from_pretrained(tmp_path / run, output_loading_info=True)
+        assert type(hf) is cls and not any(info.values()), info
