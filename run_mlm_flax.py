@@ -41,7 +41,7 @@ def main(argv=None):
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, script="run_mlm_flax.py")
+    config, model = load_model(model_args, seed=args.seed, script="run_mlm_flax.py", tokenizer=tokenizer)
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     if mlm_args.whole_word_mask:  # words as the tokenizer's vocabulary marks them

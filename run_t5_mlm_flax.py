@@ -39,7 +39,7 @@ def main(argv=None):
     # Tokenizer, model and the corruption's lengths: raw chunk -> input of max_seq_length + target.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py")
+    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py", tokenizer=tokenizer)
     check_fits(tokenizer, config)
     check_decoder_start(config)
     inputs_length = resolve_input_length(data_args.max_seq_length, tokenizer)

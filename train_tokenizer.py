@@ -4,6 +4,7 @@
     python train_tokenizer.py --dataset_name NAME --dataset_config_name CONFIG --type wordpiece \\
         --vocab_size 30522 --output_dir models/my-bert
     python train_tokenizer.py --train_file a.txt --type unigram --vocab_size 32000 --output_dir models/my-t5
+    python train_tokenizer.py --train_file a.txt --type xlmr-unigram --vocab_size 64000 --output_dir models/my-xlmr
 """
 import dataclasses
 import os

@@ -17,7 +17,9 @@ from test_parity import CASE
 
 AUTO = {"sequence_classification": transformers.AutoModelForSequenceClassification,
         "question_answering": transformers.AutoModelForQuestionAnswering}
-CASES = [(m, t) for m in ("bert", "roberta") for t in AUTO]
+# RoBERTa's heads under XLM-R's and CamemBERT's names: one task each here, the other in test_xlm_roberta.py's run
+CASES = [(m, t) for m in ("bert", "roberta") for t in AUTO] + [("xlm-roberta", "question_answering"),
+                                                               ("camembert", "sequence_classification")]
 
 
 def tiny_config(model_type, **overrides):
@@ -72,8 +74,9 @@ def test_flaxlm_to_hf(tmp_path, model_type, task):
     models.save_pretrained(tmp_path, config, params)
     hf, info = AUTO[task].from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    suffix = "ForSequenceClassification" if task == "sequence_classification" else "ForQuestionAnswering"
-    assert type(hf).__name__ == ("Roberta" if model_type == "roberta" else "Bert") + suffix
+    assert type(hf).__name__ == models.family_of(config).heads[task].architecture
+    assert type(hf).__name__.endswith("ForSequenceClassification" if task == "sequence_classification" else
+                                      "ForQuestionAnswering") and type(hf).config_class.model_type == model_type
     if task == "sequence_classification":
         assert hf.config.id2label == {0: "neg", 1: "neu", 2: "pos"} and hf.config.label2id["pos"] == 2
     ids, mask, types = inputs(config, seed=1)
@@ -141,7 +144,7 @@ def test_load_for_task_errors(tmp_path):
         models.load_for_task(tmp_path / "cls3", "question_answering")  # another task's head is not dropped
     gpt2 = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32)
     models.save_config(tmp_path / "gpt2", gpt2)
-    with pytest.raises(UserError, match="needs a BERT or RoBERTa.* model, not model_type 'gpt2'"):
+    with pytest.raises(UserError, match="needs a BERT or RoBERTa or .*XLM-RoBERTa.* model, not model_type 'gpt2'"):
         models.load_for_task(tmp_path / "gpt2", "question_answering")
     with pytest.raises(UserError, match="unknown task 'ner'"):
         models.create_model(config, task="ner")

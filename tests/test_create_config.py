@@ -55,7 +55,8 @@ HF_SHAPES.update({  # google/t5-v1_1-* and google-t5/t5-* config.json
 })
 CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig, "t5": transformers.T5Config,
                 "gpt2": transformers.GPT2Config, "opt": transformers.OPTConfig, "llama": transformers.LlamaConfig,
-                "electra": transformers.ElectraConfig}
+                "electra": transformers.ElectraConfig,
+                "xlm-roberta": transformers.XLMRobertaConfig, "camembert": transformers.CamembertConfig}
 
 
 def config_value(config, key):

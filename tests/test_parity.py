@@ -48,6 +48,11 @@ CASES = [
         "gelu": {}, "gelu_new": dict(hidden_act="gelu_new"), "relu": dict(hidden_act="relu")}, **BERT_SETTINGS),
     *family(transformers.RobertaForMaskedLM, "encoder", {**BERT, "max_position_embeddings": 66}, {
         "gelu": {}, "relu": dict(hidden_act="relu")}, **BERT_SETTINGS),
+    # RoBERTa's architecture under other model types and class names: one case each
+    *family(transformers.XLMRobertaForMaskedLM, "encoder", {**BERT, "max_position_embeddings": 66}, {"gelu": {}},
+            **BERT_SETTINGS),
+    *family(transformers.CamembertForMaskedLM, "encoder", {**BERT, "max_position_embeddings": 66}, {"gelu": {}},
+            **BERT_SETTINGS),
     # bfloat16 from the initialization, within 0.05
     *family(transformers.GPT2LMHeadModel, "causal", GPT2, {
         "tied": {}, "untied": dict(tie_word_embeddings=False),

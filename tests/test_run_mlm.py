@@ -165,6 +165,23 @@ def test_tokenizer_bigger_than_config_and_tokenizer_without_mask(model_dir, corp
     expect_user_error(run_mlm_flax.main, args, "mask token")
 
 
+def test_model_type_without_a_flax_family_or_of_another_script(model_dir, corpus, tmp_path):
+    """--model_type (Hugging Face's way to train a new model of that type's default config) names the supported
+    model types when it has no family here, the right script for another family's; --config_overrides changes
+    only that default config."""
+    args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
+    i = args.index("--config_name")
+    alone = args[:i] + args[i + 2:]
+    expect_user_error(run_mlm_flax.main, alone + ["--model_type", "albert"],
+                      r"^--model_type albert has no Flax model here; run_mlm_flax.py trains bert, roberta, ")
+    expect_user_error(run_mlm_flax.main, alone + ["--model_type", "gpt2"],
+                      r"^--model_type is gpt2 but run_mlm_flax.py trains .*; use run_clm_flax.py$")
+    expect_user_error(run_mlm_flax.main, args + ["--config_overrides", "hidden_size=32"],
+                      "--config_overrides changes the default config of --model_type")
+    expect_user_error(run_mlm_flax.main, alone + ["--model_type", "roberta", "--config_overrides", "hidden_sise=32"],
+                      "unknown config key 'hidden_sise' for roberta; did you mean hidden_size")
+
+
 def test_batch_that_does_not_divide_over_devices(model_dir, corpus, tmp_path):
     args = run_args(model_dir, corpus, tmp_path / "o", "--train_batch_size", "12")
     expect_user_error(run_mlm_flax.main, args, "divide")

@@ -55,8 +55,13 @@ class ModelLoadingArgs:
 @dataclass
 class ModelArgs(ModelLoadingArgs):
     model_type: str | None = option(key="task.model.model_type",
-                                    help="model family, checked against config.json (bert, roberta, t5, gpt2, opt, "
-                                         "llama, electra)")
+                                    help="model family (bert, roberta, xlm-roberta, electra, t5, gpt2, ...), checked against "
+                                         "config.json; with neither --config_name nor --model_name_or_path, a new "
+                                         "model of transformers' default config for it, sized to the tokenizer (as "
+                                         "Hugging Face's scripts did)")
+    config_overrides: str | None = option(key="task.model.default_config_overrides",
+                                          help="with --model_type alone: changes to its default config, as in Hugging "
+                                               "Face's run_mlm.py (hidden_size=64,num_hidden_layers=2)")
     config_name: str | None = option(key="task.model.config_name", help="directory (or hub name) holding config.json")
     use_fast_tokenizer: bool = option(True, key="task.model.use_fast_tokenizer",
                                       help="accepted for compatibility; tokenizers are always fast")
@@ -246,10 +251,12 @@ class TrainingArgs:
 @dataclass
 class TokenizerArgs:
     output_dir: str = required(help="directory to save the tokenizer in (the model directory)")
-    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram"),
-                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT) or Unigram (T5)")
+    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram", "xlmr-unigram"),
+                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT), Unigram (T5) or Unigram as XLM-RoBERTa "
+                            "has it (<s> <pad> </s> <unk> first, <mask> last; loads as XLMRobertaTokenizer)")
     vocab_size: int | None = option(minimum=1,
-                                    help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram)")
+                                    help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram and "
+                                         "xlmr-unigram)")
     min_frequency: int = option(2, minimum=0, help="minimum count for a merge / token")
     lowercase: bool | None = option(help="lowercase the text (default: on for wordpiece, off otherwise)")
     model_max_length: int = option(512, minimum=1, help="longest sequence the tokenizer is saved for")

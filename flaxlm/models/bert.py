@@ -3,6 +3,7 @@ the masked-LM model on it (+ tied MLM head) and the fine-tuning heads on it.
 
 One module serves both, configured by a transformers BertConfig / RobertaConfig. RoBERTa differs only in
 its position ids (counted from pad_token_id + 1, skipping padding) and in its head always using exact GELU.
+XLM-RoBERTa and CamemBERT (xlm_roberta.py) are RoBERTa under other model types (ROBERTA_LIKE).
 Parameters are float32; computation runs in `dtype`; LayerNorm statistics and logits are float32.
 
 The fine-tuning heads compute what Hugging Face's models compute; each returns float32, dropout_key=None is eval:
@@ -27,6 +28,15 @@ from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefix
 from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, embed,
                                   fold_key)
+
+
+# The model types with RoBERTa's architecture and Hugging Face names (roberta. prefix, lm_head, positions counted
+# after padding, dropout before the classifier's pooler): RoBERTa's and those of xlm_roberta.py.
+ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")
+
+
+def roberta_like(config):
+    return config.model_type in ROBERTA_LIKE
 
 
 def roberta_position_ids(ids_BL, pad_id):
@@ -62,7 +72,7 @@ class Embeddings(nnx.Module):
         self.position = embed(config.max_position_embeddings, D, std, rngs)
         self.token_type = embed(config.type_vocab_size, D, std, rngs)
         self.norm = LayerNorm(D, config.layer_norm_eps, rngs)
-        self.roberta_positions = config.model_type == "roberta"
+        self.roberta_positions = roberta_like(config)
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.dropout_rate = config.hidden_dropout_prob
         self.dtype = dtype
@@ -142,7 +152,7 @@ class MlmHead(nnx.Module):
         self.dense = dense(D, D, dtype, config.initializer_range, rngs)
         self.norm = LayerNorm(D, config.layer_norm_eps, rngs)
         self.bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
-        self.act = "gelu" if config.model_type == "roberta" else config.hidden_act
+        self.act = "gelu" if roberta_like(config) else config.hidden_act
         self.dtype = dtype
 
     def transform(self, x_BPD):
@@ -237,7 +247,7 @@ class BertForSequenceClassification(BertEncoder):
         self.pooler = dense(D, D, self.dtype, std, rngs)
         self.classifier = dense(D, config.num_labels, jnp.float32, std, rngs)
         self.dropout_rate = classifier_dropout(config)
-        self.dropout_first = config.model_type == "roberta"
+        self.dropout_first = roberta_like(config)
 
     def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None):
         """float32 logits [B, num_labels] (one column for regression)."""
@@ -267,7 +277,7 @@ class BertForQuestionAnswering(BertEncoder):
 
 
 def _prefix(config):
-    return "roberta." if config.model_type == "roberta" else "bert."
+    return "roberta." if roberta_like(config) else "bert."
 
 
 def encoder_tensor_names(config, prefix=None):
@@ -294,7 +304,7 @@ def encoder_tensor_names(config, prefix=None):
 def tensor_names(config):
     """Tensor names of BertForMaskedLM / RobertaForMaskedLM (transformers 5) -> our parameter paths."""
     names = encoder_tensor_names(config)
-    if config.model_type == "roberta":
+    if roberta_like(config):
         add_linear(names, "lm_head.dense", ("mlm_head", "dense"))
         add_norm(names, "lm_head.layer_norm", ("mlm_head", "norm"))
         names.append(("lm_head.bias", ("mlm_head", "bias"), "copy"))
@@ -311,7 +321,7 @@ def head_tensor_names(config, task):
     names = encoder_tensor_names(config)
     if task == "question_answering":
         add_linear(names, "qa_outputs", ("qa_outputs",))
-    elif config.model_type == "roberta":
+    elif roberta_like(config):
         add_linear(names, "classifier.dense", ("pooler",))
         add_linear(names, "classifier.out_proj", ("classifier",))
     else:
@@ -334,7 +344,7 @@ def normalize(config, tensors, notes):
     """Accept older and bare checkpoints: add the model prefix, rename gamma/beta, drop buffers, the pooler,
     the NSP head and tied copies of the decoder (checked equal to what we tie them to)."""
     p = _prefix(config)
-    head = "lm_head." if config.model_type == "roberta" else "cls.predictions."
+    head = "lm_head." if roberta_like(config) else "cls.predictions."
     out, dropped = drop_prefixed(_renamed(config, tensors), (f"{p}pooler.", "cls.seq_relationship."))
     if dropped:
         notes.append(f"ignored {len(dropped)} tensor(s) masked-LM training does not use (pooler / next-sentence "
@@ -359,7 +369,7 @@ def normalize_for_head(config, tensors, notes, task):
     if dropped:
         notes.append(f"dropped the pretraining head(s) of the checkpoint ({len(dropped)} tensor(s): masked-LM / "
                      f"next-sentence), which {task.replace('_', ' ')} does not use")
-    if task != "sequence_classification" or config.model_type == "roberta":
+    if task != "sequence_classification" or roberta_like(config):
         out, dropped = drop_prefixed(out, (f"{_prefix(config)}pooler.",))
         if dropped:
             notes.append(f"dropped the checkpoint's pooler ({', '.join(dropped)}), which "
@@ -393,19 +403,23 @@ PRESETS = {
 }
 
 
-def _family(model_type, name, prefix, max_length):
+def encoder_family(model_type, name, prefix, max_length, presets=PRESETS):
+    """The Family of a BERT-architecture model type: its *ForMaskedLM (`prefix` + ForMaskedLM) and fine-tuning heads."""
     heads = {"sequence_classification": Head(BertForSequenceClassification, f"{prefix}ForSequenceClassification",
                                              ("pooler", "classifier")),
              "question_answering": Head(BertForQuestionAnswering, f"{prefix}ForQuestionAnswering", ("qa_outputs",))}
     return Family(model_type=model_type, name=name, model=BertForMaskedLM, tensor_names=tensor_names,
-                  normalize=normalize, architecture=f"{prefix}ForMaskedLM", presets=PRESETS,
+                  normalize=normalize, architecture=f"{prefix}ForMaskedLM", presets=presets,
                   script="run_mlm_flax.py", max_length=max_length,
                   tie_word_embeddings=lambda config: True,  # the MLM decoder is the word embeddings
                   fresh_head="mlm_head", heads=heads, head_tensor_names=head_tensor_names,
                   normalize_for_head=normalize_for_head)
 
 
-BERT = _family("bert", "BERT", "Bert", lambda config: config.max_position_embeddings)
-# RoBERTa's positions start after pad_token_id: that many fewer tokens fit
-ROBERTA = _family("roberta", "RoBERTa", "Roberta",
-                  lambda config: config.max_position_embeddings - config.pad_token_id - 1)
+def roberta_max_length(config):
+    """RoBERTa's positions start after pad_token_id: that many fewer tokens fit."""
+    return config.max_position_embeddings - config.pad_token_id - 1
+
+
+BERT = encoder_family("bert", "BERT", "Bert", lambda config: config.max_position_embeddings)
+ROBERTA = encoder_family("roberta", "RoBERTa", "Roberta", roberta_max_length)

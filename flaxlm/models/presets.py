@@ -100,11 +100,19 @@ def build_config(preset, tokenizer=None, overrides=None):
     overrides: {key: value} or ['key=value', ...]. With a tokenizer, vocab_size = len(tokenizer) and
     pad/bos/eos ids are the tokenizer's (T5: pad and eos, decoder_start_token_id = pad, no bos).
     """
+    fields = get_preset(preset)
+    model_type = fields.pop("model_type")
+    return config_for(model_type, fields, tokenizer, overrides, f"comes from the preset ({model_type}); pick "
+                                                                 f"another --preset instead")
+
+
+def config_for(model_type, fields, tokenizer=None, overrides=None, fixed_type="cannot be overridden"):
+    """model_type's transformers config: its defaults changed by fields, then sized to tokenizer (see
+    build_config), overrides winning. fixed_type: what the error says when overrides try to change model_type."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
-    fields = get_preset(preset)
-    model_type = fields.pop("model_type")
+    fields = dict(fields)
     if isinstance(overrides, (list, tuple)):
         overrides = parse_overrides(overrides)
     overrides = dict(overrides or {})
@@ -113,7 +121,7 @@ def build_config(preset, tokenizer=None, overrides=None):
     valid = _valid_keys(default)
     for key, value in overrides.items():
         if key == "model_type":
-            raise UserError(f"model_type comes from the preset ({model_type}); pick another --preset instead")
+            raise UserError(f"model_type {fixed_type}")
         if key not in valid:
             near = difflib.get_close_matches(key, sorted(valid), n=3)
             hint = f"; did you mean {' or '.join(near)}?" if near else ""

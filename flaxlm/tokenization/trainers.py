@@ -1,8 +1,9 @@
-"""Train tokenizers from text: byte-level BPE as RoBERTa/GPT-2 have, WordPiece as BERT has, Unigram as T5 has.
+"""Train tokenizers from text: byte-level BPE as RoBERTa/GPT-2 have, WordPiece as BERT has, Unigram as T5 has and
+Unigram as XLM-RoBERTa has.
 
 Each returns a `transformers` tokenizer; save_pretrained(dir) writes tokenizer.json and
 tokenizer_config.json, and AutoTokenizer.from_pretrained(dir) gives it back (RobertaTokenizer,
-BertTokenizer, and for Unigram a TokenizersBackend) with its special tokens and model_max_length.
+BertTokenizer, for Unigram a TokenizersBackend, XLMRobertaTokenizer) with its special tokens and model_max_length.
 """
 import os
 import tempfile
@@ -13,7 +14,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 from flaxlm.errors import UserError
 from flaxlm.files import check_writable_dir
 from flaxlm.tokenization.loading import TOKENIZER_FILES
-from flaxlm.tokenization.unigram import SentencePieceUnigramTokenizer, VocabTooSmall
+from flaxlm.tokenization.unigram import XLMR_SPECIALS, SentencePieceUnigramTokenizer, VocabTooSmall, train_xlmr_pieces
 BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4, as RoBERTa has them
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4
 UNIGRAM_SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0..2, as T5 has them
@@ -99,7 +100,35 @@ def train_unigram(texts_iter, vocab_size=32000, min_frequency=2, model_max_lengt
                                           eos_token=eos, unk_token=unk, extra_special_tokens=list(T5_SENTINELS))
 
 
-TRAINERS = {"bpe": train_bpe, "wordpiece": train_wordpiece, "unigram": train_unigram}
+def train_xlmr_unigram(texts_iter, vocab_size=32000, min_frequency=2, model_max_length=512, lowercase=False,
+                       total=None):
+    """XLM-RoBERTa's SentencePiece-style Unigram tokenizer, an XLMRobertaTokenizer (AutoTokenizer loads it as one).
+
+    Ids: <s> 0, <pad> 1, </s> 2, <unk> 3, the trained pieces, <mask> last; "<s> A </s>", pairs
+    "<s> A </s></s> B </s>". vocab_size counts them all: len(tokenizer) is vocab_size (fewer pieces when the text
+    is too small to fill the vocabulary). min_frequency is ignored, as for T5's Unigram. The pipeline is the one
+    XLMRobertaTokenizer rebuilds on loading (flaxlm.tokenization.unigram); it keeps no normalizer but a
+    SentencePiece charsmap, which `tokenizers` cannot make, so there is no NFKC and lowercasing is refused rather
+    than silently lost on reload.
+    """
+    if lowercase:
+        raise UserError("--lowercase does not survive reloading an XLM-RoBERTa tokenizer (XLMRobertaTokenizer rebuilds "
+                        "its pipeline without it); lowercase the text itself, or use --type unigram")
+    too_small = UserError(f"--vocab_size {vocab_size} is too small for this text: an XLM-RoBERTa Unigram vocabulary "
+                          f"needs every character seen in training plus 5 special tokens; raise --vocab_size")
+    if vocab_size <= len(XLMR_SPECIALS) + 1:
+        raise too_small
+    try:
+        pieces = train_xlmr_pieces(texts_iter, vocab_size - 1, show_progress=True, length=total)
+    except VocabTooSmall:
+        raise too_small from None
+    mask = AddedToken("<mask>", lstrip=True, special=True)  # "a <mask>" keeps the space out of the mask
+    return transformers.XLMRobertaTokenizer(vocab=pieces + [("<mask>", 0.0)], mask_token=mask,
+                                            model_max_length=model_max_length)
+
+
+TRAINERS = {"bpe": train_bpe, "wordpiece": train_wordpiece, "unigram": train_unigram,
+            "xlmr-unigram": train_xlmr_unigram}
 
 
 def get_trainer(kind):

@@ -17,12 +17,20 @@ made tabs and newlines spaces). Every word gets its "▁", the first one include
     tokenizer.save("tokenizer.json")
 
 flaxlm.tokenization.trainers.train_unigram wraps this into a transformers tokenizer with T5's sentinels.
+
+XLM-RoBERTa's Unigram (train_xlmr_pieces, wrapped by trainers.train_xlmr_unigram) has another pipeline: the one
+transformers' XLMRobertaTokenizer rebuilds from the vocabulary whenever it loads (split on whitespace, "▁" before
+each word, no normalizer), so that what is trained is what loads.
 """
+import json
+
+import transformers
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.implementations import BaseTokenizer
 from tokenizers.models import Unigram
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+XLMR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # XLM-RoBERTa's ids 0..3; its <mask> follows the pieces
 _TOO_SMALL = "not large enough to contain all chars"  # the tokenizers trainer's message for it
 
 
@@ -71,10 +79,27 @@ class SentencePieceUnigramTokenizer(BaseTokenizer):
 
     def _train(self, run, vocab_size, show_progress):
         """vocab_size counts every piece, the 3 special tokens included; it must hold each character seen."""
-        try:
-            run(self._trainer(vocab_size, show_progress))
-        except Exception as e:
-            if _TOO_SMALL in str(e):
-                raise VocabTooSmall(f"vocab_size {vocab_size} is too small for this text: a Unigram vocabulary "
-                                    f"holds every character seen in training plus 3 special tokens") from None
-            raise
+        _run_trainer(lambda: run(self._trainer(vocab_size, show_progress)), vocab_size)
+
+
+def _run_trainer(run, vocab_size):
+    """run() (a Unigram training), its too-small-vocabulary failure as VocabTooSmall."""
+    try:
+        run()
+    except Exception as e:
+        if _TOO_SMALL in str(e):
+            raise VocabTooSmall(f"vocab_size {vocab_size} is too small for this text: a Unigram vocabulary "
+                                f"holds every character seen in training plus the special tokens") from None
+        raise
+
+
+def train_xlmr_pieces(iterator, vocab_size, show_progress=True, length=None):
+    """XLM-RoBERTa's Unigram trained on an iterator of texts (or of lists of texts): its pieces [(piece, log
+    probability)], at most vocab_size, <s> <pad> </s> <unk> first (ids 0-3). The texts are split by the very
+    pre-tokenizer XLMRobertaTokenizer uses, so the loaded tokenizer splits words as training did."""
+    tokenizer = Tokenizer(Unigram())
+    tokenizer.pre_tokenizer = transformers.XLMRobertaTokenizer().backend_tokenizer.pre_tokenizer
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(XLMR_SPECIALS),
+                                      unk_token=XLMR_SPECIALS[3], show_progress=show_progress)
+    _run_trainer(lambda: tokenizer.train_from_iterator(iterator, trainer, length=length), vocab_size)
+    return [tuple(piece) for piece in json.loads(tokenizer.to_str())["model"]["vocab"]]

@@ -21,16 +21,18 @@ def start_run(args, model_args):
 
 # What to pass when neither --model_name_or_path nor --config_name is given: pretraining, or a fine-tuning task.
 NO_MODEL_HINTS = {
-    None: "--config_name DIR (write one with create_config.py) to train from scratch, or --model_name_or_path DIR "
-          "to continue a Hugging Face checkpoint",
+    None: "--config_name DIR (write one with create_config.py) to train from scratch, --model_type TYPE for its "
+          "default config, or --model_name_or_path DIR to continue a Hugging Face checkpoint",
     "sequence_classification": "--model_name_or_path DIR (a pretrained BERT/RoBERTa, e.g. the export of "
                                "run_mlm_flax.py), or --config_name DIR to train one from scratch",
     "question_answering": "--model_name_or_path DIR (e.g. a run_mlm_flax.py output directory)",
 }
 
 
-def load_model(model_args, seed, script=None, task=None, **labels):
-    """(config, model) a script trains: continued from --model_name_or_path, or new from --config_name.
+def load_model(model_args, seed, script=None, task=None, tokenizer=None, **labels):
+    """(config, model) a script trains: continued from --model_name_or_path, or new from --config_name, or (when
+    pretraining, given the tokenizer) new from --model_type's default config sized to the tokenizer, with
+    --config_overrides, as Hugging Face's scripts built it.
 
     Pretraining (task None): the family's pretraining model; the config's model_type must be one of the families
     `script` pretrains (Family.script). Fine-tuning (task "sequence_classification" or "question_answering"): the
@@ -38,17 +40,22 @@ def load_model(model_args, seed, script=None, task=None, **labels):
     that has the head; labels: the classifier's id2label / num_labels / problem_type (task_config)."""
     from flaxlm.models import create_model, load_config, load_for_task, load_pretrained, model_class, task_config
     from flaxlm.models.hf_io import has_weights, resolve_dir
+    check_model_type_known(model_args.model_type, script, task)
     path = model_args.model_name_or_path or model_args.config_name
-    if not path:
+    if model_args.config_overrides and (path or not model_args.model_type):
+        raise UserError("--config_overrides changes the default config of --model_type and needs it, without "
+                        "--config_name or --model_name_or_path; edit config.json instead (create_config.py --set)")
+    if not path and not (task is None and model_args.model_type and tokenizer is not None):
         raise UserError(f"no model given; pass {NO_MODEL_HINTS[task]}")
-    config = load_config(path)
+    config = load_config(path) if path else default_config(model_args, tokenizer)
     if task is None:
-        check_script_trains(script, path, config)
+        check_script_trains(script, config, f"{path} holds a {config.model_type} model" if path
+                            else f"--model_type is {config.model_type}")
     else:
         model_class(config, task)  # UserError unless the family has the task's head
     check_model_type(model_args, config)
     execution = model_execution(model_args)
-    if not model_args.model_name_or_path:  # new, from --config_name
+    if not model_args.model_name_or_path:  # new, from --config_name or --model_type
         if task is not None:
             config = task_config(config, task, **labels)
         return config, create_model(config, dtype=model_args.dtype, seed=seed, task=task, execution=execution)
@@ -60,15 +67,37 @@ def load_model(model_args, seed, script=None, task=None, **labels):
     return load_for_task(path, task, dtype=model_args.dtype, seed=seed, execution=execution, **labels)
 
 
-def check_script_trains(script, path, config):
-    """UserError unless config's model_type is one of the families `script` pretrains, naming the right one."""
+def default_config(model_args, tokenizer):
+    """--model_type's default transformers config (CONFIG_MAPPING[model_type]() of Hugging Face's scripts), its
+    vocab_size and special ids the tokenizer's, changed by --config_overrides ("key=value,key=value")."""
+    from flaxlm.models.presets import config_for
+    overrides = [item for item in (model_args.config_overrides or "").split(",") if item.strip()]
+    config = config_for(model_args.model_type, {}, tokenizer, overrides, "comes from --model_type")
+    print(f"a new {model_args.model_type} model of transformers' default config"
+          f"{' with ' + model_args.config_overrides if overrides else ''}, sized to the tokenizer")
+    return config
+
+
+def check_model_type_known(model_type, script, task):
+    """UserError when --model_type names no family here, naming those the script trains (a task: those with its
+    head)."""
+    from flaxlm.models.registry import FAMILIES
+    if model_type is None or model_type in FAMILIES:
+        return
+    able = [t for t, f in FAMILIES.items() if (f.script == script if task is None else task in f.heads)]
+    doing = f"{script} trains" if task is None else f"{task.replace('_', ' ')} works on"
+    raise UserError(f"--model_type {model_type} has no Flax model here; {doing} {', '.join(able)}")
+
+
+def check_script_trains(script, config, source):
+    """UserError unless config's model_type is one of the families `script` pretrains, naming the right one;
+    source: where the model comes from ("runs/x holds a t5 model")."""
     from flaxlm.models.registry import FAMILIES
     model_types = [model_type for model_type, family in FAMILIES.items() if family.script == script]
     if config.model_type not in model_types:
         other = FAMILIES[config.model_type].script if config.model_type in FAMILIES else None
         hint = f"use {other}" if other else f"use a {' or '.join(model_types)} config"
-        raise UserError(f"{path} holds a {config.model_type} model but {script} trains {', '.join(model_types)}; "
-                        f"{hint}")
+        raise UserError(f"{source} but {script} trains {', '.join(model_types)}; {hint}")
 
 
 def model_execution(model_args):
