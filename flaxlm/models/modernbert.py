@@ -261,9 +261,7 @@ class _TaskModel(ModernBertEncoder):
 class ModernBertForSequenceClassification(_TaskModel):
     def __init__(self, config, *, dtype="float32", rngs, execution=None):
         super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
-        if config.classifier_pooling not in ("cls", "mean"):
-            raise UserError(f"classifier_pooling {config.classifier_pooling!r} in config.json; use cls or mean")
-        self.pooling = config.classifier_pooling
+        self.pooling = config.classifier_pooling  # "cls" or "mean" (transformers' config checks it)
 
     def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None):
         """float32 logits [B, num_labels] (one column for regression); token types ignored."""
