@@ -1,7 +1,8 @@
-"""ModernBERT: what the parity checks of every family (tests/test_parity.py) do not cover: RoPE frequencies of
-each kind of layer, the local window at the test's lengths, packed rows, the masked-position gather, scan and
-remat, the hub's config.json, bare and older checkpoints, initialization, preset sizes, config errors, and the
-fine-tuning heads against transformers' (both directions, both poolings), and the scripts that train them."""
+"""ModernBERT: what the parity checks of every family (tests/test_parity.py) and the layer-stack checks
+(tests/test_layer_stack.py) do not cover: RoPE frequencies of each kind of layer, the local window at the test's
+lengths, packed rows, the masked-position gather, the hub's config.json, bare and older checkpoints,
+initialization, preset sizes, config errors, the fine-tuning heads against transformers' (both directions, both
+poolings), and the scripts that train them."""
 import os
 import shutil
 
@@ -37,17 +38,16 @@ def test_rope_frequencies_are_transformers_buffers():
 
 def test_the_local_window_matters_at_the_test_lengths():
     """Wider windows (and all-global layers) change the logits of the parity batch: its checks see the band."""
-    graphdef, params = models.split_model(models.create_model(MB.config()))
-    params = randomize(params, std=MB.std)
-    args = jnp_args(batch(MB))
-    one_theta = dict(local_rope_theta=1000.0, global_rope_theta=1000.0)
-    logits = {w: models.apply_model(models.split_model(models.create_model(MB.config(local_attention=w, **one_theta)))[0],
-                                    params, *args) for w in (4, 6, 64)}
-    real = batch(MB).real_BL
-    assert np.abs(logits[4] - logits[6])[real].max() > 1e-2 and np.abs(logits[6] - logits[64])[real].max() > 1e-2
-    all_global = models.create_model(MB.config(global_attn_every_n_layers=1, **one_theta))
-    np.testing.assert_allclose(models.apply_model(models.split_model(all_global)[0], params, *args)[real],
-                               logits[64][real], atol=1e-5)
+    params = randomize(models.split_model(models.create_model(MB.config()))[1], std=MB.std)
+    args, real = jnp_args(batch(MB)), batch(MB).real_BL
+
+    def logits(**changes):  # one theta for both kinds of layer: only the masks differ
+        graphdef = models.split_model(models.create_model(MB.config(local_rope_theta=1000.0, **changes)))[0]
+        return np.asarray(models.apply_model(graphdef, params, *args))[real]
+
+    window = {w: logits(local_attention=w) for w in (4, 6, 64)}
+    assert np.abs(window[4] - window[6]).max() > 1e-2 and np.abs(window[6] - window[64]).max() > 1e-2
+    np.testing.assert_allclose(logits(global_attn_every_n_layers=1), window[64], atol=1e-5)
 
 
 def test_hub_config_json_loads(tmp_path):
@@ -86,23 +86,6 @@ def test_packed_rows_compute_each_sequence_alone():
     alone = np.asarray(model(jnp.asarray(alone_ids), jnp.asarray(alone_ids != 0)))
     np.testing.assert_allclose(packed[0, :9], alone[0, :9], atol=1e-5)
     np.testing.assert_allclose(packed[0, 9:14], alone[1, :5], atol=1e-5)
-
-
-def test_scan_and_remat_give_the_loop_logits_and_grads():
-    config = MB.config()
-    graphdef, params = models.split_model(models.create_model(config))
-    ids, mask, _ = jnp_args(batch(MB))
-
-    def loss(graphdef, p):
-        return jnp.mean(models.apply_model(graphdef, p, ids, mask, dropout_key=jax.random.key(0)) ** 2)
-
-    value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=1), static_argnums=0)
-    ref, ref_grads = value_and_grad(graphdef, params)
-    scanned = models.split_model(models.create_model(config, execution=models.Execution(scan=True, remat="full")))[0]
-    got, grads = value_and_grad(scanned, params)
-    assert float(got) == pytest.approx(float(ref), rel=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads, ref_grads)
-    assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(grads))
 
 
 def test_bare_and_older_checkpoints_load(tmp_path):

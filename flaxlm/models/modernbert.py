@@ -358,15 +358,13 @@ _MODERNBERT = dict(model_type="modernbert", vocab_size=50368, max_position_embed
                    pad_token_id=50283, bos_token_id=50281, eos_token_id=50282, cls_token_id=50281, sep_token_id=50282)
 
 
-def _shape(hidden, layers, heads, intermediate):
-    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                intermediate_size=intermediate)
-
-
 PRESETS = {
-    "modernbert-base": {**_MODERNBERT, **_shape(768, 22, 12, 1152)},
-    "modernbert-large": {**_MODERNBERT, **_shape(1024, 28, 16, 2624)},
-    "modernbert-tiny": {**_MODERNBERT, **_shape(64, 3, 4, 96), "vocab_size": 1024, "max_position_embeddings": 256,
+    "modernbert-base": {**_MODERNBERT, "hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12,
+                        "intermediate_size": 1152},
+    "modernbert-large": {**_MODERNBERT, "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+                         "intermediate_size": 2624},
+    "modernbert-tiny": {**_MODERNBERT, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+                        "intermediate_size": 96, "vocab_size": 1024, "max_position_embeddings": 256,
                         "local_attention": 16, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
                         "cls_token_id": 0, "sep_token_id": 2},
 }
