@@ -34,10 +34,10 @@ CONFIGS = {  # 2 layers (3 for RoBERTa, whose last runs apart), dropout 0.1 ever
     "llama": transformers.LlamaConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=24, attention_dropout=0.1,
                                       max_position_embeddings=L),
-    # 4 layers: global, local, local, global (window 4); its first layer runs apart, the other three scanned
+    # 3 layers: global, local, global (window 4); its first layer runs apart, a local and a global one scanned
     "modernbert": transformers.ModernBertConfig(
-        vocab_size=V, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=24,
-        local_attention=4, max_position_embeddings=L, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1,
+        vocab_size=V, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24,
+        local_attention=4, global_attn_every_n_layers=2, max_position_embeddings=L, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1,
         pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2),
 }
 def call(model, family, dropout_key):

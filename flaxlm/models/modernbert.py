@@ -45,12 +45,11 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 def global_layers(config):
     """(bool per layer): True where the layer attends globally (config.layer_types' "full_attention")."""
-    types = list(config.layer_types)
-    unknown = sorted(set(types) - set(LAYER_TYPES))
-    if unknown or len(types) != config.num_hidden_layers:
-        raise UserError(f"config.json's layer_types must name {config.num_hidden_layers} layers, each one of "
-                        f"{', '.join(LAYER_TYPES)}; got {types}")
-    return tuple(t == "full_attention" for t in types)
+    unknown = sorted(set(config.layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise UserError(f"unsupported layer type(s) {', '.join(unknown)} in config.json's layer_types; ModernBERT "
+                        f"has {' and '.join(LAYER_TYPES)} layers")
+    return tuple(t == "full_attention" for t in config.layer_types)
 
 
 def rope_frequencies(config, layer_type, head_dim):
