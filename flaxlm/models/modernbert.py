@@ -15,7 +15,8 @@ weights [out, in] are our kernels transposed). What sets it apart from BERT:
     MLM head: dense (bias: classifier_bias), classifier_activation, norm, then the decoder: the token embeddings
         (tied; an own kernel when tie_word_embeddings is false) plus a bias (decoder_bias).
 Logits are computed at every position (sparse_prediction, transformers' shortcut for the loss, changes nothing
-here); padding keys are masked, as transformers' sdpa/eager path does.
+here); padding keys are masked, as transformers' sdpa/eager path does (its flash-attention path unpads the batch
+instead: the same logits at the real positions).
 
 The fine-tuning heads compute what transformers' models compute (float32; dropout_key=None is eval):
     ModernBertForSequenceClassification: the first token (classifier_pooling "cls") or the mean over real tokens
