@@ -56,7 +56,7 @@ class ModelLoadingArgs:
 class ModelArgs(ModelLoadingArgs):
     model_type: str | None = option(key="task.model.model_type",
                                     help="model family, checked against config.json (bert, roberta, t5, gpt2, opt, "
-                                         "llama)")
+                                         "llama, modernbert)")
     config_name: str | None = option(key="task.model.config_name", help="directory (or hub name) holding config.json")
     use_fast_tokenizer: bool = option(True, key="task.model.use_fast_tokenizer",
                                       help="accepted for compatibility; tokenizers are always fast")
