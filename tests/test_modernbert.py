@@ -4,6 +4,7 @@ lengths, packed rows, the masked-position gather, the hub's config.json, bare an
 initialization, preset sizes, config errors, the fine-tuning heads against transformers' (both directions, both
 poolings), and the scripts that train them."""
 import dataclasses
+import json
 import os
 import shutil
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
 
 from flaxlm import models
 from flaxlm.errors import UserError
@@ -28,12 +30,14 @@ MB = CASE["modernbert-global3-window4"]
 UNTIED = CASE["modernbert-biases-untied-relu"]
 
 
+def assert_rope_buffers(model, config):
+    """Our inverse frequencies of local and global layers are transformers' buffers (to torch's float32 pow)."""
+    assert_rope_buffers(model, config)
+
+
 def test_rope_frequencies_are_transformers_buffers():
-    config = MB.config()
-    rotary = transformers.ModernBertModel(config).rotary_emb
-    model = models.create_model(config)
-    for ours, kind in zip(model.inv_freq, ("sliding_attention", "full_attention")):
-        np.testing.assert_allclose(np.float32(ours), getattr(rotary, f"{kind}_inv_freq").numpy(), rtol=2e-7, atol=0)
+    model = models.create_model(MB.config())
+    assert_rope_buffers(model, MB.config())
     assert model.is_global == (True, False, False)
 
 
@@ -45,14 +49,15 @@ def test_the_local_window_matters_at_the_test_lengths():
 
 
 def test_hub_config_json_loads(tmp_path):
-    """answerdotai/ModernBERT-base's config.json keys (global_rope_theta, local_rope_theta,
-    global_attn_every_n_layers) give the layer kinds and thetas transformers reads from them."""
-    config = build_config("modernbert-base")
-    config.save_pretrained(tmp_path)
-    model = jax.eval_shape(lambda: models.create_model(models.load_config(tmp_path)))
+    """A config.json as answerdotai/ModernBERT-base's (global_attn_every_n_layers, global_rope_theta,
+    local_rope_theta; no layer_types, no rope_parameters) gives the layer kinds, window and thetas transformers
+    reads from it."""
+    (tmp_path / "config.json").write_text(json.dumps({**modernbert.PRESETS["modernbert-base"],
+                                                      "architectures": ["ModernBertForMaskedLM"]}))
+    config = models.load_config(tmp_path)
+    model = jax.eval_shape(lambda: models.create_model(config))
     assert model.is_global == tuple(i % 3 == 0 for i in range(22)) and model.half_window == 64
-    rotary = transformers.ModernBertConfig(global_rope_theta=160000.0, local_rope_theta=10000.0).rope_parameters
-    assert models.load_config(tmp_path).rope_parameters == rotary
+    assert_rope_buffers(model, config)
 
 
 @pytest.mark.parametrize("case", [MB, UNTIED], ids=str)
