@@ -56,7 +56,8 @@ HF_SHAPES.update({  # google/t5-v1_1-* and google-t5/t5-* config.json
 CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig, "t5": transformers.T5Config,
                 "gpt2": transformers.GPT2Config, "opt": transformers.OPTConfig, "llama": transformers.LlamaConfig,
                 "electra": transformers.ElectraConfig,
-                "xlm-roberta": transformers.XLMRobertaConfig, "camembert": transformers.CamembertConfig}
+                "xlm-roberta": transformers.XLMRobertaConfig, "camembert": transformers.CamembertConfig,
+                "modernbert": transformers.ModernBertConfig}
 
 
 def config_value(config, key):
@@ -65,6 +66,8 @@ def config_value(config, key):
         return ties_embeddings(config)
     if key == "rope_theta" and not hasattr(config, "rope_theta"):  # transformers 5 keeps it in rope_parameters
         return config.rope_parameters["rope_theta"]
+    if key in ("global_rope_theta", "local_rope_theta"):  # ModernBERT's hub keys, in rope_parameters in transformers 5
+        return config.rope_parameters["full_attention" if key[0] == "g" else "sliding_attention"]["rope_theta"]
     return getattr(config, key)
 
 

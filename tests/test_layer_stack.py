@@ -34,10 +34,15 @@ CONFIGS = {  # 2 layers (3 for RoBERTa, whose last runs apart), dropout 0.1 ever
     "llama": transformers.LlamaConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=24, attention_dropout=0.1,
                                       max_position_embeddings=L),
+    # 3 layers: global, local, global (window 4); its first layer runs apart, a local and a global one scanned
+    "modernbert": transformers.ModernBertConfig(
+        vocab_size=V, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24,
+        local_attention=4, global_attn_every_n_layers=2, max_position_embeddings=L, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2),
 }
 def call(model, family, dropout_key):
-    """float32 logits of the family's training call (RoBERTa: at the masked positions only)."""
-    if family == "roberta":
+    """float32 logits of the family's training call (the masked-LM encoders: at the masked positions only)."""
+    if family in ("roberta", "modernbert"):
         return model(IDS_BL, MASK_BL, masked_positions_BP=MASKED_BP, dropout_key=dropout_key)
     if family == "t5":
         return model(IDS_BL, MASK_BL, IDS_BL[:, :T], dropout_key=dropout_key)

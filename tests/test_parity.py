@@ -43,6 +43,13 @@ T5 = dict(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_
           relative_attention_num_buckets=8, relative_attention_max_distance=20, initializer_factor=0.5,
           decoder_start_token_id=0, dropout_rate=0.1)
 
+# 3 layers: global, local, local (every 2: global, local, global); a window of 4 (2 each side) is shorter than the
+# batch's rows of 12
+MODERNBERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=24,
+                  max_position_embeddings=64, global_attn_every_n_layers=3, local_attention=4, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, global_rope_theta=1000.0,
+                  local_rope_theta=50.0, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1)
+
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
         "gelu": {}, "gelu_new": dict(hidden_act="gelu_new"), "relu": dict(hidden_act="relu")}, **BERT_SETTINGS),
@@ -87,6 +94,11 @@ CASES = [
         "original": dict(feed_forward_proj="relu", tie_word_embeddings=True),
         "gated-silu-tied": dict(feed_forward_proj="gated-silu", tie_word_embeddings=True, num_decoder_layers=2),
     }),
+    *family(transformers.ModernBertForMaskedLM, "encoder", MODERNBERT, {
+        "global3-window4": {},  # answerdotai/ModernBERT-*'s settings, smaller
+        "biases-untied-relu": dict(global_attn_every_n_layers=2, local_attention=6, attention_bias=True,
+                                   mlp_bias=True, norm_bias=True, classifier_bias=True, decoder_bias=False,
+                                   tie_word_embeddings=False, hidden_activation="relu")}),
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]

@@ -113,11 +113,18 @@ def _split_last_bwd(sizes, _, grads):
 _split_last.defvjp(_split_last_fwd, _split_last_bwd)
 
 
-def dense(d_in, d_out, dtype, std, rngs, use_bias=True):
-    """A Linear with float32 parameters, normal(std) kernel [in, out], zero bias, computing in dtype (its matmul:
-    models.matmul.dot_general, whose weight gradient is the fast form on CPU)."""
+def normal_init(std, cutoff=None):
+    """normal(std), or with cutoff a normal(std) truncated at +-cutoff * std (torch's trunc_normal_)."""
+    if cutoff is None:
+        return nnx.initializers.normal(std)
+    return nnx.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff)
+
+
+def dense(d_in, d_out, dtype, std, rngs, use_bias=True, cutoff=None):
+    """A Linear with float32 parameters, normal(std) kernel [in, out] (truncated at +-cutoff * std if given), zero
+    bias, computing in dtype (its matmul: models.matmul.dot_general, whose weight gradient is the fast form on CPU)."""
     return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
-                      kernel_init=nnx.initializers.normal(std), bias_init=nnx.initializers.zeros, rngs=rngs,
+                      kernel_init=normal_init(std, cutoff), bias_init=nnx.initializers.zeros, rngs=rngs,
                       dot_general=matmul.dot_general)
 
 
@@ -143,10 +150,10 @@ class LMHead(NamedTuple):
         return (out_MV if self.bias is None else out_MV + self.bias).reshape(B, L, -1)
 
 
-def embed(n, d, std, rngs):
-    """A float32 embedding table [n, d], initialized normal(std)."""
+def embed(n, d, std, rngs, cutoff=None):
+    """A float32 embedding table [n, d], initialized normal(std) (truncated at +-cutoff * std if given)."""
     return nnx.Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32,
-                     embedding_init=nnx.initializers.normal(std), rngs=rngs)
+                     embedding_init=normal_init(std, cutoff), rngs=rngs)
 
 
 class RMSNorm(nnx.Module):
@@ -164,10 +171,10 @@ class RMSNorm(nnx.Module):
 
 
 class LayerNorm(nnx.LayerNorm):
-    """LayerNorm with float32 parameters and statistics; returns the input's dtype."""
+    """LayerNorm with float32 parameters and statistics (no bias with use_bias=False); returns the input's dtype."""
 
-    def __init__(self, dim, eps, rngs):
-        super().__init__(dim, epsilon=eps, dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs)
+    def __init__(self, dim, eps, rngs, use_bias=True):
+        super().__init__(dim, epsilon=eps, use_bias=use_bias, dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs)
 
     def __call__(self, x):
         return super().__call__(x.astype(jnp.float32)).astype(x.dtype)
