@@ -76,10 +76,10 @@ CASES = [
     }),
     *family(transformers.DebertaV2ForMaskedLM, "encoder", DEBERTA, {
         "v3": dict(share_att_key=True, norm_rel_ebd="layer_norm"),  # deberta-v3-*
-        "v2-absolute-relu": dict(position_buckets=-1, max_relative_positions=6, position_biased_input=True,
-                                 type_vocab_size=2, hidden_act="relu"),
-        "v2-conv-c2p": dict(norm_rel_ebd="layer_norm", pos_att_type=["c2p"], conv_kernel_size=3, conv_groups=2,
-                            conv_act="gelu", attention_head_size=8),  # deberta-v2-xlarge's conv
+        # deberta-v2-xlarge's convolution, with absolute positions, token types and unshared position projections
+        "v2-absolute-conv": dict(position_buckets=-1, max_relative_positions=6, position_biased_input=True,
+                                 type_vocab_size=2, hidden_act="relu", conv_kernel_size=3, conv_groups=2,
+                                 conv_act="gelu", attention_head_size=8),
     }, **BERT_SETTINGS),
     *family(transformers.T5ForConditionalGeneration, "encoder-decoder", T5, {
         "v1_1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),

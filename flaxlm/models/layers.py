@@ -23,6 +23,7 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,
     "swish": jax.nn.silu,
+    "tanh": jnp.tanh,  # DeBERTa-v2's default conv_act
 }
 
 

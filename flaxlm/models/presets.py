@@ -110,7 +110,7 @@ def build_config(preset, tokenizer=None, overrides=None):
     overrides = dict(overrides or {})
 
     default = AutoConfig.for_model(model_type)
-    valid = _valid_keys(default)
+    valid = _valid_keys(default) | set(fields)  # and the preset's own keys (DeBERTa's position_buckets)
     for key, value in overrides.items():
         if key == "model_type":
             raise UserError(f"model_type comes from the preset ({model_type}); pick another --preset instead")
