@@ -54,7 +54,8 @@ HF_SHAPES.update({  # google/t5-v1_1-* and google-t5/t5-* config.json
                     feed_forward_proj="relu", tie_word_embeddings=True),
 })
 CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig, "t5": transformers.T5Config,
-                "gpt2": transformers.GPT2Config, "opt": transformers.OPTConfig, "llama": transformers.LlamaConfig}
+                "gpt2": transformers.GPT2Config, "opt": transformers.OPTConfig, "llama": transformers.LlamaConfig,
+                "deberta-v2": transformers.DebertaV2Config}
 
 
 def config_value(config, key):

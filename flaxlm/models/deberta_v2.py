@@ -427,12 +427,12 @@ def normalize_for_head(config, tensors, notes, task):
     return out
 
 
-# The full-size presets copy the hub's configs (microsoft/deberta-v3-*: no legacy key, so transformers' legacy MLM
-# head names); deberta-v3-tiny is for tests and the CPU demo.
+# The full-size presets copy the hub's configs (microsoft/deberta-v3-*; their pos_att_type "p2c|c2p" as the list
+# transformers makes of it; no legacy key: transformers' legacy MLM head names); deberta-v3-tiny is for tests.
 _V3 = dict(model_type="deberta-v2", vocab_size=128100, hidden_act="gelu", hidden_dropout_prob=0.1,
            attention_probs_dropout_prob=0.1, initializer_range=0.02, max_position_embeddings=512,
            relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
-           pos_att_type="p2c|c2p", layer_norm_eps=1e-7, max_relative_positions=-1, position_biased_input=False,
+           pos_att_type=["p2c", "c2p"], layer_norm_eps=1e-7, max_relative_positions=-1, position_biased_input=False,
            type_vocab_size=0)
 
 _SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
