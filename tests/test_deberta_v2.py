@@ -12,7 +12,8 @@ from flaxlm import models
 from flaxlm.models.deberta_v2 import log_bucket
 from flaxlm.models.presets import build_config
 from generation_check import add_noise
-from parity import assert_close_at_real, assert_load_fails, batch, hf_logits, jnp_args, randomize
+from parity import (assert_close_at_real, assert_initialized_like_transformers, assert_load_fails, batch, hf_logits,
+                    jnp_args, randomize)
 from test_classification_parity import assert_close, hf_outputs
 from test_parity import CASE
 
@@ -49,6 +50,14 @@ def test_masked_positions_scan_remat_and_packed_rows():
     for start, row, n in ((0, 1, 7), (7, 0, 5)):
         alone = apply(graphdef, params, ids[row:row + 1, :n], None, jnp.zeros_like(ids[:1, :n]))
         np.testing.assert_allclose(got[:, start:start + n], alone, atol=1e-4)
+
+
+def test_initialization_is_transformers():
+    """Biases and norms exactly transformers' initialization; weights, the position table and the convolution
+    normal(initializer_range) as there."""
+    config = V2.config(initializer_range=0.02, num_hidden_layers=1, type_vocab_size=16)  # enough for a std
+    assert_initialized_like_transformers(config, transformers.DebertaV2ForMaskedLM,
+                                         lambda name: name.endswith(("bias", "LayerNorm.weight")))
 
 
 def test_new_mlm_head_names_and_the_hubs_v3_checkpoints(tmp_path):

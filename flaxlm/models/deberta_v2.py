@@ -11,7 +11,9 @@ where s = 1 + the number of those two types, r(i, j) = clip(bucket(i - j) + span
 distances under position_buckets / 2 and log-spaces longer ones up to max_relative_positions (no buckets: the
 distance itself), and span = position_buckets (or max_relative_positions, which defaults to
 max_position_embeddings). The scores are gathered from [B, N, T, 2 * span] products with an index that depends on
-the length only, and added to the scaled content scores as jax.nn.dot_product_attention's bias.
+the length only, and added to the scaled content scores as jax.nn.dot_product_attention's bias. Padding keys are
+masked; transformers also masks the queries at padding (their rows then attend evenly to every key), which changes
+only the outputs at padding, which no real position reads.
 
 v3 (deberta-v3-*): no absolute positions (position_biased_input false), no token types, share_att_key, 256
 buckets. v2 may add absolute positions and token types to the embeddings, and a convolution beside the first
@@ -176,7 +178,7 @@ class ConvLayer(nnx.Module):
         if K % 2 == 0 or D % G:
             raise UserError(f"conv_kernel_size {K} must be odd and hidden_size {D} a multiple of conv_groups {G}; "
                             f"fix config.json")
-        self.kernel = nnx.Param(config.initializer_range * nnx.initializers.normal(1.0)(rngs.params(), (D, D // G, K)))
+        self.kernel = nnx.Param(nnx.initializers.normal(config.initializer_range)(rngs.params(), (D, D // G, K)))
         self.bias = nnx.Param(jnp.zeros((D,), jnp.float32))
         self.norm = LayerNorm(D, config.layer_norm_eps, rngs)
         self.act = getattr(config, "conv_act", "tanh")
@@ -189,8 +191,9 @@ class ConvLayer(nnx.Module):
         pad = (K - 1) // 2
         x_pad = jnp.pad(x_BLD, ((0, 0), (pad, pad), (0, 0)))
         seg_pad = jnp.pad(segment_ids_BL, ((0, 0), (pad, pad)))
-        taps_BLKD = jnp.stack([x_pad[:, k:k + L] * (seg_pad[:, k:k + L] == segment_ids_BL)[..., None].astype(x_BLD.dtype)
-                               for k in range(K)], axis=2)  # tap k reads position i + k - pad of i's sequence
+        # tap k of position i: the embedding at i + k - pad if that is in i's sequence, else 0
+        taps_BLKD = jnp.stack([jnp.where((seg_pad[:, k:k + L] == segment_ids_BL)[..., None], x_pad[:, k:k + L], 0)
+                               for k in range(K)], axis=2)
         w_GOIK = self.kernel[...].reshape(G, D // G, Din, K).astype(self.dtype)
         c_BLGO = jnp.einsum("blkgi,goik->blgo", taps_BLKD.reshape(B, L, K, G, Din).astype(self.dtype), w_GOIK,
                             preferred_element_type=jnp.float32)
