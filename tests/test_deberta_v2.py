@@ -82,6 +82,9 @@ def test_new_mlm_head_names_and_the_hubs_v3_checkpoints(tmp_path):
     params = models.from_hf_state_dict(V3.config(), tensors)  # legacy: the default
     assert_close_at_real(models.apply_model(models.split_model(model)[0], params, *jnp_args(b)), ref, b.real_BL,
                          1e-4)
+    bare = {k[len("deberta."):]: x for k, x in tensors.items() if k.startswith("deberta.")}  # a DebertaV2Model's
+    encoder = models.from_hf_state_dict(V3.config(), bare)  # with a fresh MLM head
+    np.testing.assert_array_equal(encoder["rel_norm"]["scale"], params["rel_norm"]["scale"])
     assert_load_fails(V3.config(), {**tensors, "cls.predictions.decoder.weight": tensors[
         "deberta.embeddings.word_embeddings.weight"] + 1}, "cls.predictions.decoder.weight differs")
 
