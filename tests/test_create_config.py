@@ -57,7 +57,7 @@ CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.Bert
                 "gpt2": transformers.GPT2Config, "opt": transformers.OPTConfig, "llama": transformers.LlamaConfig,
                 "electra": transformers.ElectraConfig,
                 "xlm-roberta": transformers.XLMRobertaConfig, "camembert": transformers.CamembertConfig,
-                "modernbert": transformers.ModernBertConfig}
+                "modernbert": transformers.ModernBertConfig, "deberta-v2": transformers.DebertaV2Config}
 
 
 def config_value(config, key):

@@ -42,6 +42,9 @@ LLAMA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_h
 T5 = dict(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
           relative_attention_num_buckets=8, relative_attention_max_distance=20, initializer_factor=0.5,
           decoder_start_token_id=0, dropout_rate=0.1)
+# DeBERTa: 8 buckets (or 6 relative positions) so that the batch's 12 positions reach the log-spaced / clipped rows
+DEBERTA = dict(BERT, relative_attention=True, position_buckets=8, pos_att_type="p2c|c2p", type_vocab_size=0,
+               position_biased_input=False)
 
 # 3 layers: global, local, local (every 2: global, local, global); a window of 4 (2 each side) is shorter than the
 # batch's rows of 12
@@ -89,6 +92,13 @@ CASES = [
     *family(transformers.ElectraForPreTraining, "replaced-token", BERT, {
         "discriminator-projected-relu": dict(embedding_size=48, hidden_act="relu")},
         task="replaced_token_detection", **BERT_SETTINGS),
+    *family(transformers.DebertaV2ForMaskedLM, "encoder", DEBERTA, {
+        "v3": dict(share_att_key=True, norm_rel_ebd="layer_norm"),  # deberta-v3-*
+        # deberta-v2-xlarge's convolution, with absolute positions, token types and unshared position projections
+        "v2-absolute-conv": dict(position_buckets=-1, max_relative_positions=6, position_biased_input=True,
+                                 type_vocab_size=2, hidden_act="relu", conv_kernel_size=3, conv_groups=2,
+                                 conv_act="gelu", attention_head_size=8),
+    }, **BERT_SETTINGS),
     *family(transformers.T5ForConditionalGeneration, "encoder-decoder", T5, {
         "v1_1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
         "original": dict(feed_forward_proj="relu", tie_word_embeddings=True),

@@ -121,9 +121,12 @@ class SelfAttention(nnx.Module):
 
 
 class EncoderLayer(nnx.Module):
-    def __init__(self, config, dtype, rngs, execution):
+    """A post-LayerNorm layer: attention (SelfAttention, or another family's `attention` module taking the same
+    arguments and its own attention_args) -> residual + LayerNorm -> MLP -> residual + LayerNorm."""
+
+    def __init__(self, config, dtype, rngs, execution, attention=SelfAttention):
         D, F, std = config.hidden_size, config.intermediate_size, config.initializer_range
-        self.attn = SelfAttention(config, dtype, rngs, execution)
+        self.attn = attention(config, dtype, rngs, execution)
         self.attn_norm = LayerNorm(D, config.layer_norm_eps, rngs)
         self.mlp_in = dense(D, F, dtype, std, rngs)
         self.mlp_out = dense(F, D, dtype, std, rngs)
@@ -131,14 +134,14 @@ class EncoderLayer(nnx.Module):
         self.act = config.hidden_act
         self.dropout_rate = config.hidden_dropout_prob
 
-    def __call__(self, x_BLD, mask_BL, key, positions_BP=None):
+    def __call__(self, x_BLD, mask_BL, key, positions_BP=None, **attention_args):
         """The layer's output at every position, or only at positions_BP ([B, P, D]): every position is
         still attended to, but queries, residuals and the MLP run on those P rows alone."""
         xq_BTD = x_BLD if positions_BP is None else gather_rows(x_BLD, positions_BP)
         if positions_BP is not None and mask_BL is not None and mask_BL.ndim == 3:  # per-query mask: those rows
             mask_BL = gather_rows(mask_BL, positions_BP)
         B, T, D = xq_BTD.shape
-        a_MD = self.attn(x_BLD, mask_BL, fold_key(key, 0), xq_BTD)  # M = B * T rows
+        a_MD = self.attn(x_BLD, mask_BL, fold_key(key, 0), xq_BTD, **attention_args)  # M = B * T rows
         y_MD = self.attn_norm(xq_BTD.reshape(B * T, D) + dropout(a_MD, self.dropout_rate, fold_key(key, 1)))
         h_MD = self.mlp_out(activation(self.act)(self.mlp_in(y_MD)))
         return self.mlp_norm(y_MD + dropout(h_MD, self.dropout_rate, fold_key(key, 2))).reshape(B, T, D)

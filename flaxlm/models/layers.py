@@ -23,6 +23,7 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,
     "swish": jax.nn.silu,
+    "tanh": jnp.tanh,  # DeBERTa-v2's default conv_act
 }
 
 
@@ -181,10 +182,11 @@ class LayerNorm(nnx.LayerNorm):
 
 
 def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dropout_rate=0.0,
-              dropout_key=None, implementation=None):
+              dropout_key=None, implementation=None, bias=None):
     """Softmax attention. mask (bool, True = attend): [B, S] hides padding keys, [B, T, S] is a full
     per-query mask (the KV-cache path); causal: query t sees keys 0..t (T == S). K key/value heads may be
     fewer than the N query heads (grouped-query attention, N a multiple of K). scale defaults to H**-0.5.
+    bias: float32 [B or 1, N or 1, T, S] added to the scaled scores (DeBERTa's relative-position scores).
 
     Without dropout this is jax.nn.dot_product_attention (with `implementation`: None lets JAX choose, "xla",
     "cudnn"); with a key and rate > 0 the probabilities are computed explicitly (float32) so they can be
@@ -198,14 +200,16 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
         mask = mask.astype(bool)
         mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]  # [B, 1, T or 1, S]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
+    if bias is not None and implementation == "cudnn":
+        bias = bias.astype(q_BTNH.dtype)  # cuDNN takes the bias in the compute dtype
     if dropout_key is None or dropout_rate == 0.0:
-        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask, is_causal=causal, scale=scale,
-                                            implementation=implementation)
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, is_causal=causal,
+                                            scale=scale, implementation=implementation)
     K = k_BSKH.shape[2]
     if K != N:  # repeat each key/value head for its group of query heads
         k_BSKH, v_BSKH = jnp.repeat(k_BSKH, N // K, axis=2), jnp.repeat(v_BSKH, N // K, axis=2)
-    if not (causal and T == S and T % 2 == 0 and T >= CAUSAL_HALVES_MIN_LENGTH):
-        return _dropout_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, 0, scale, dropout_rate, dropout_key)
+    if bias is not None or not (causal and T == S and T % 2 == 0 and T >= CAUSAL_HALVES_MIN_LENGTH):
+        return _dropout_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, 0, scale, dropout_rate, dropout_key, bias)
     # causal: the first half of the queries sees only the first half of the keys, so that quarter of the
     # scores (all masked) is never computed; each half draws its own dropout mask
     h = T // 2
@@ -226,11 +230,13 @@ def _mask_rows(mask, start, stop, keys):
     return (mask if mask.shape[2] == 1 else mask[:, :, start:stop])[..., :keys]
 
 
-def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, dropout_rate, dropout_key):
+def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, dropout_rate, dropout_key, bias=None):
     """Softmax attention with the probabilities computed (float32) and dropped out; causal: query t (at
-    position offset + t) sees keys 0..offset + t."""
+    position offset + t) sees keys 0..offset + t; bias added to the scaled scores."""
     T, S = q_BTNH.shape[1], k_BSNH.shape[1]
     logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+        logits_BNTS = logits_BNTS + bias.astype(jnp.float32)
     if causal:
         causal_TS = jnp.arange(T)[:, None] + offset >= jnp.arange(S)[None, :]
         mask = causal_TS[None, None] if mask is None else mask & causal_TS[None, None]

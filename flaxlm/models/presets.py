@@ -118,7 +118,7 @@ def config_for(model_type, fields, tokenizer=None, overrides=None, fixed_type="c
     overrides = dict(overrides or {})
 
     default = AutoConfig.for_model(model_type)
-    valid = _valid_keys(default)
+    valid = _valid_keys(default) | set(fields)  # and the preset's own keys (DeBERTa's position_buckets)
     for key, value in overrides.items():
         if key == "model_type":
             raise UserError(f"model_type {fixed_type}")
