@@ -19,8 +19,8 @@ import transformers
 
 from flaxlm import models
 from generation_check import assert_greedy_matches_transformers
-from parity import (Case, assert_close_at_real, assert_load_fails, assert_losses_match, assert_same_params, batch,
-                    hf_logits, hf_tied, jnp_args, random_hf, randomize, saved_keys)
+from parity import (Case, as_untied, assert_close_at_real, assert_load_fails, assert_losses_match, assert_same_params,
+                    batch, hf_logits, hf_tied, jnp_args, random_hf, randomize, saved_keys)
 
 
 def family(hf_class, inputs, base, variants, **settings):
@@ -42,6 +42,7 @@ LLAMA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_h
 T5 = dict(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_decoder_layers=3, num_heads=4,
           relative_attention_num_buckets=8, relative_attention_max_distance=20, initializer_factor=0.5,
           decoder_start_token_id=0, dropout_rate=0.1)
+MT5 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # mT5 and UMT5 as released: T5 v1.1's FFN
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -76,6 +77,8 @@ CASES = [
         "original": dict(feed_forward_proj="relu", tie_word_embeddings=True),
         "gated-silu-tied": dict(feed_forward_proj="gated-silu", tie_word_embeddings=True, num_decoder_layers=2),
     }),
+    *family(transformers.MT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
+    *family(transformers.UMT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
@@ -111,6 +114,7 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
     assert saved["architectures"] == [case.hf_class.__name__] and saved["model_type"] == case.model_type
     assert saved["tie_word_embeddings"] == case.tied  # written either way: the default is True in GPT-2, False in Llama
     hf, info = AUTO[case.inputs].from_pretrained(tmp_path, output_loading_info=True)
+    hf = as_untied(hf)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
     assert type(hf) is case.hf_class and hf_tied(hf) == case.tied
     assert models.count_params(params) == sum(p.numel() for p in hf.parameters())

@@ -1,9 +1,10 @@
 """The model families, found by config.model_type: one Family per family (flaxlm.models.family), defined in the
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
-from flaxlm.models import bert, gpt2, llama, opt, t5
+from flaxlm.models import bert, gpt2, llama, mt5, opt, t5
 
-FAMILIES = {f.model_type: f for f in (bert.BERT, bert.ROBERTA, t5.T5, gpt2.GPT2, opt.OPT, llama.LLAMA)}
+FAMILIES = {f.model_type: f for f in (bert.BERT, bert.ROBERTA, t5.T5, gpt2.GPT2, opt.OPT, llama.LLAMA,
+                                       mt5.MT5, mt5.UMT5)}
 
 MODELS = {model_type: f.model for model_type, f in FAMILIES.items()}  # model_type -> pretraining module class
 # decoder-only families (run_clm_flax.py trains them; generate.py runs them)
