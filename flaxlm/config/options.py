@@ -132,8 +132,9 @@ class MaskedLMArgs:
 
 @dataclass
 class SpanCorruptionArgs:
-    mean_noise_span_length: float = option(3.0, key="task.objective.mean_noise_span_length",
-                                           help="T5 span corruption: mean length of a corrupted span")
+    mean_noise_span_length: float | None = option(key="task.objective.mean_noise_span_length",
+                                                  help="T5 span corruption: mean length of a corrupted span "
+                                                       "(default: 3 tokens; 20 with a byte tokenizer, as ByT5)")
 
 
 @dataclass
@@ -242,8 +243,9 @@ class TrainingArgs:
 @dataclass
 class TokenizerArgs:
     output_dir: str = required(help="directory to save the tokenizer in (the model directory)")
-    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram"),
-                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT) or Unigram (T5)")
+    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram", "byte"),
+                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT), Unigram (T5) or byte (ByT5: UTF-8 "
+                            "bytes, nothing to train)")
     vocab_size: int | None = option(minimum=1,
                                     help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram)")
     min_frequency: int = option(2, minimum=0, help="minimum count for a merge / token")
