@@ -193,7 +193,7 @@ class SpanCorruptor:
             raise UserError(f"tokenizer at {where} has {have} {kind}, "
                             f"but --max_seq_length {inputs_length} with --mlm_probability {noise_density} and "
                             f"--mean_noise_span_length {mean_noise_span_length} makes {num_spans} spans per "
-                            f"chunk; {fix}, or use a shorter --max_seq_length or longer spans")
+                            f"chunk; {'' if byte else fix + ', or '}use a shorter --max_seq_length or longer spans")
         for name in ("eos", "pad"):
             if getattr(tokenizer, f"{name}_token_id") is None:
                 raise UserError(f"tokenizer at {where} has no {name} token, which T5 span corruption needs; {fix}")
