@@ -17,8 +17,6 @@ Note: transformers 5's UMT5ForConditionalGeneration scales the decoder output by
 config.tie_word_embeddings, which its config forces, so it scales an untied checkpoint too (transformers 4, and
 T5X, which trained UMT5, do not); this module computes the released models as trained.
 """
-from functools import partial
-
 from flaxlm.models import t5
 from flaxlm.models.family import Family
 
@@ -40,6 +38,22 @@ class UMT5ForConditionalGeneration(t5.T5ForConditionalGeneration):
 def never_tied(config):
     """config.json's tie_word_embeddings on export: false, as in every released mT5 / UMT5."""
     return False
+
+
+def mt5_tensor_names(config):
+    """mT5's tensor names: T5 v1.1's (one bias table per stack, in block 0; lm_head.weight)."""
+    return t5.tensor_names(config, tied=False)
+
+
+def mt5_normalize(config, tensors, notes):
+    """t5.normalize for mT5: a missing lm_head.weight comes from shared.weight (transformers 5's mT5 does not
+    scale a tied head)."""
+    return t5.normalize(config, tensors, notes, tied=False)
+
+
+def umt5_tensor_names(config):
+    """UMT5's tensor names: mT5's with a relative_attention_bias in every block's self-attention."""
+    return t5.tensor_names(config, tied=False, bias_per_layer=True)
 
 
 def umt5_normalize(config, tensors, notes):
@@ -66,11 +80,9 @@ UMT5_PRESETS = {
     "umt5-tiny": {**_UMT5, **t5.stack_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
 }
 
-MT5 = Family(model_type="mt5", name="mT5", model=MT5ForConditionalGeneration,
-             tensor_names=partial(t5.tensor_names, tied=False), normalize=partial(t5.normalize, tied=False),
-             architecture="MT5ForConditionalGeneration", presets=MT5_PRESETS, script="run_t5_mlm_flax.py",
-             tie_word_embeddings=never_tied)
-UMT5 = Family(model_type="umt5", name="UMT5", model=UMT5ForConditionalGeneration,
-              tensor_names=partial(t5.tensor_names, tied=False, bias_per_layer=True), normalize=umt5_normalize,
-              architecture="UMT5ForConditionalGeneration", presets=UMT5_PRESETS, script="run_t5_mlm_flax.py",
-              tie_word_embeddings=never_tied)
+MT5 = Family(model_type="mt5", name="mT5", model=MT5ForConditionalGeneration, tensor_names=mt5_tensor_names,
+             normalize=mt5_normalize, architecture="MT5ForConditionalGeneration", presets=MT5_PRESETS,
+             script="run_t5_mlm_flax.py", tie_word_embeddings=never_tied)
+UMT5 = Family(model_type="umt5", name="UMT5", model=UMT5ForConditionalGeneration, tensor_names=umt5_tensor_names,
+              normalize=umt5_normalize, architecture="UMT5ForConditionalGeneration", presets=UMT5_PRESETS,
+              script="run_t5_mlm_flax.py", tie_word_embeddings=never_tied)
