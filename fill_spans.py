@@ -23,9 +23,9 @@ USAGE = ("usage: fill_spans.py MODEL_DIR TEXT [TEXT ...] [--cloze TEXT WORD ...]
 def main():
     model_dir, prompts = read_arguments(sys.argv, USAGE, trained_by="run_t5_mlm_flax.py")
     import torch
-    from transformers import AutoTokenizer, T5ForConditionalGeneration
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-    model = T5ForConditionalGeneration.from_pretrained(model_dir, use_safetensors=True).eval()  # never a pickle
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True).eval()  # T5/mT5/UMT5; no pickle
 
     def spans(text):
         if "<extra_id_0>" not in text:
