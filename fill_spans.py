@@ -25,7 +25,8 @@ def main():
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True).eval()  # T5/mT5/UMT5; no pickle
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, use_safetensors=True,  # T5/mT5/UMT5; never a pickle
+                                                  trust_remote_code=False).eval()
 
     def spans(text):
         if "<extra_id_0>" not in text:
