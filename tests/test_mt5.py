@@ -54,3 +54,15 @@ def test_umt5_bias_in_every_block_also_under_scan():
     graphdef, _ = models.split_model(models.create_model(config, execution=Execution(scan=True)))
     np.testing.assert_allclose(models.apply_model(graphdef, models.split_model(loop)[1], *args), loop(*args),
                                atol=1e-5, rtol=0)
+
+
+def test_config_json_without_model_type(tmp_path):
+    """google/umt5-*'s config.json names only its architecture: the checkpoint loads all the same."""
+    import json
+    hf = UMT5.hf_class(UMT5.config()).eval()
+    hf.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["model_type"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config, _ = models.load_pretrained(tmp_path)
+    assert config.model_type == "umt5" and config.num_decoder_layers == 3
