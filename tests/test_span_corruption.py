@@ -270,3 +270,18 @@ def test_byte_tokenizer_gets_byt5s_sentinels_and_mean_span():
     assert sentinels.tolist() == [258 - k for k in range(9)] * 2
     with pytest.raises(UserError, match="has 100 sentinels \\(ByT5's\\).*makes 205 spans per chunk; use a shorter"):
         SpanCorruptor.from_tokenizer(tok, 4096, 0.05, 1.0)
+
+
+def test_byte_sentinels_for_fill_spans():
+    """A prompt's <extra_id_k> becomes ByT5's sentinel 258 - k, and a generated target's sentinels (in order)
+    become <extra_id_k> again, so that it decodes with them; other tokenizers' ids pass unchanged."""
+    from transformers import ByT5Tokenizer
+    from flaxlm.data.span_corruption import byte_sentinels_in, byte_sentinels_out
+    tok = ByT5Tokenizer()
+    prompt = tok("Oslo er <extra_id_0> i <extra_id_1>.").input_ids
+    ids = byte_sentinels_in(prompt, tok)
+    assert [i for i in ids if i > 255] == [258, 257] and len(ids) == len(prompt)
+    target = [0, 258, *tok("hovudstaden", add_special_tokens=False).input_ids, 257, 258, 1]  # a later 258: text
+    assert tok.decode(byte_sentinels_out(target, tok), skip_special_tokens=False) == \
+        "<pad><extra_id_0>hovudstaden<extra_id_1></s>"
+    assert byte_sentinels_in([5, 260], _tokenizer(8)) == [5, 260]

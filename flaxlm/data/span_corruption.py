@@ -136,6 +136,29 @@ def _sentinels(tokenizer, num_spans, byte):
     return first, have
 
 
+def byte_sentinels_in(ids, tokenizer):
+    """Token ids of a text written with <extra_id_k> (ByT5Tokenizer's id 259 + k) as ByT5 was trained: byte
+    0xFF - k (id 258 - k) in its place; other tokenizers' ids unchanged. fill_spans.py's prompts."""
+    if not is_byte_tokenizer(tokenizer):
+        return list(ids)
+    extra0, sentinel0 = tokenizer.convert_tokens_to_ids("<extra_id_0>"), tokenizer.convert_tokens_to_ids(chr(0xFF))
+    return [sentinel0 - (i - extra0) if extra0 <= i < extra0 + BYTE_SENTINELS else i for i in ids]
+
+
+def byte_sentinels_out(ids, tokenizer):
+    """The inverse for a target ByT5 generated: its sentinels, byte 0xFF - k in order k = 0, 1, ..., back to
+    <extra_id_k> (the same ids taken in any other place are text bytes); other tokenizers' ids unchanged."""
+    if not is_byte_tokenizer(tokenizer):
+        return list(ids)
+    extra0, sentinel0 = tokenizer.convert_tokens_to_ids("<extra_id_0>"), tokenizer.convert_tokens_to_ids(chr(0xFF))
+    out, k = [], 0
+    for i in ids:
+        if i == sentinel0 - k and k < BYTE_SENTINELS:
+            i, k = extra0 + k, k + 1
+        out.append(i)
+    return out
+
+
 class SpanCorruptor:
     """Corrupts batches of raw chunks [B, raw_length] into T5 inputs and targets (module docstring).
 
