@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """T5 span-corruption pretraining in JAX/Flax; the successor of Hugging Face's run_t5_mlm_flax.py.
 
-Pipeline: options -> output directory -> tokenizer (with <extra_id_*> sentinels) and T5 model (new from
---config_name, or continued from --model_name_or_path) -> text -> token chunks long enough that,
-once corrupted, they fill --max_seq_length exactly -> span corruption (noise density
---mlm_probability, mean span --mean_noise_span_length) -> training over all devices with evaluation
-and checkpoints -> export in Hugging Face format to --output_dir.
+Pipeline: options -> output directory -> tokenizer (with <extra_id_*> sentinels, or ByT5's bytes) and
+T5 / mT5 / UMT5 model (new from --config_name, or continued from --model_name_or_path) -> text -> token
+chunks long enough that, once corrupted, they fill --max_seq_length exactly -> span corruption (noise
+density --mlm_probability, mean span --mean_noise_span_length: 3, or 20 bytes for a byte tokenizer) ->
+training over all devices with evaluation and checkpoints -> export in Hugging Face format to --output_dir.
 
     python run_t5_mlm_flax.py --output_dir runs/t5 --config_name MODEL_DIR --tokenizer_name MODEL_DIR \
         --train_file train.txt --validation_file valid.txt --max_seq_length 512 --adafactor
@@ -27,7 +27,7 @@ def main(argv=None):
     from flaxlm.training import mesh as meshlib
     from flaxlm.data import rows
     from flaxlm.data.text import load_raw_text
-    from flaxlm.models import split_model
+    from flaxlm.models import family_of, split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.data.span_corruption import SpanCorruptor
@@ -68,7 +68,7 @@ def main(argv=None):
                                 micro_batch, eval_batch, test_rows)
 
     # Export in Hugging Face format.
-    export(args, model_args, config, params, tokenizer, "transformers.T5ForConditionalGeneration")
+    export(args, model_args, config, params, tokenizer, f"transformers.{family_of(config).architecture}")
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ def model_dir_for(tmp_path_factory, corpus):
         if key not in made:
             d = str(tmp_path_factory.mktemp(f"{preset or 'tokenizer'}-{tokenizer}-{vocab_size}"))
             if preset is None:
-                train_tokenizer.main(["--type", tokenizer, "--train_file", corpus["train"], "--vocab_size",
-                                      str(vocab_size), "--model_max_length", str(model_max_length), "--output_dir", d])
+                size = [] if tokenizer == "byte" else ["--vocab_size", str(vocab_size)]  # bytes: a fixed vocabulary
+                train_tokenizer.main(["--type", tokenizer, "--train_file", corpus["train"], *size,
+                                      "--model_max_length", str(model_max_length), "--output_dir", d])
             else:
                 shutil.copytree(model_dir(None, tokenizer, vocab_size, model_max_length), d, dirs_exist_ok=True)
                 create_config.main(["--preset", preset, "--output_dir", d])

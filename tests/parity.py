@@ -80,6 +80,15 @@ def hf_tied(hf):
     return hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
 
 
+def as_untied(hf):
+    """transformers' model with config.tie_word_embeddings false if its head is untied. transformers 5's T5-family
+    configs say true whatever config.json says, and its UMT5 then scales the decoder output of an untied head as
+    if tied (by d_model**-0.5); transformers 4 and T5X, which trained the released UMT5, do not."""
+    if not hf_tied(hf):
+        hf.config.tie_word_embeddings = False
+    return hf
+
+
 def random_hf(case, seed=0, std=None):
     """transformers' model of the case in eval mode: its initialization plus noise (case.std) on every tensor."""
     torch.manual_seed(seed)
@@ -87,7 +96,7 @@ def random_hf(case, seed=0, std=None):
     if hf.config.tie_word_embeddings and not case.tied:  # transformers 5's T5Config says tied even for v1.1
         hf.get_output_embeddings().weight = torch.nn.Parameter(hf.get_input_embeddings().weight.detach().clone())
     assert hf_tied(hf) == case.tied
-    return add_noise(hf, case.std if std is None else std, seed).eval()
+    return add_noise(as_untied(hf), case.std if std is None else std, seed).eval()
 
 
 class Batch(NamedTuple):

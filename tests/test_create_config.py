@@ -53,17 +53,30 @@ HF_SHAPES.update({  # google/t5-v1_1-* and google-t5/t5-* config.json
     "t5-base": dict(_T5_HUB, d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12,
                     feed_forward_proj="relu", tie_word_embeddings=True),
 })
+_MT5_HUB = dict(_T5_HUB, d_ff=1024, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+HF_SHAPES.update({  # google/mt5-*, google/umt5-*, google/byt5-* config.json
+    "mt5-small": dict(_MT5_HUB, vocab_size=250112, d_model=512, num_layers=8, num_decoder_layers=8, num_heads=6),
+    "mt5-base": dict(_MT5_HUB, vocab_size=250112, d_model=768, d_ff=2048, num_layers=12, num_heads=12),
+    "umt5-small": dict(_MT5_HUB, vocab_size=256384, d_model=512, num_layers=8, num_decoder_layers=8, num_heads=6),
+    "umt5-base": dict(_MT5_HUB, vocab_size=256384, d_model=768, d_ff=2048, num_layers=12, num_heads=12),
+    "byt5-small": dict(_MT5_HUB, vocab_size=384, d_model=1472, d_ff=3584, num_layers=12, num_decoder_layers=4,
+                       num_heads=6),
+    "byt5-base": dict(_MT5_HUB, vocab_size=384, d_model=1536, d_ff=3968, num_layers=18, num_decoder_layers=6,
+                      num_heads=12),
+})
 CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.BertConfig, "t5": transformers.T5Config,
                 "gpt2": transformers.GPT2Config, "opt": transformers.OPTConfig, "llama": transformers.LlamaConfig,
                 "electra": transformers.ElectraConfig,
                 "xlm-roberta": transformers.XLMRobertaConfig, "camembert": transformers.CamembertConfig,
-                "modernbert": transformers.ModernBertConfig, "deberta-v2": transformers.DebertaV2Config}
+                "modernbert": transformers.ModernBertConfig, "deberta-v2": transformers.DebertaV2Config,
+                "mt5": transformers.MT5Config, "umt5": transformers.UMT5Config}
 
 
 def config_value(config, key):
-    """config.key, except T5's tie_word_embeddings, which transformers 5 keeps in scale_decoder_outputs."""
-    if key == "tie_word_embeddings" and config.model_type == "t5":
-        return ties_embeddings(config)
+    """config.key, except tie_word_embeddings: what the family writes on export (transformers 5 keeps T5's in
+    scale_decoder_outputs and says true for every mT5 / UMT5)."""
+    if key == "tie_word_embeddings":
+        return models.family_of(config).tie_word_embeddings(config)
     if key == "rope_theta" and not hasattr(config, "rope_theta"):  # transformers 5 keeps it in rope_parameters
         return config.rope_parameters["rope_theta"]
     if key in ("global_rope_theta", "local_rope_theta"):  # ModernBERT's hub keys, in rope_parameters in transformers 5
@@ -119,6 +132,21 @@ def test_param_counts_match_known_sizes():
     assert count_params(build_config("opt-125m")) == 125_239_296
     assert count_params(build_config("opt-350m")) == 331_196_416
     assert 95e6 < count_params(build_config("llama-100m")) < 105e6
+    assert count_params(build_config("mt5-small")) == 300_176_768  # google/mt5-small, lm_head untied
+
+
+@pytest.mark.parametrize("name", ["mt5-small", "mt5-base", "umt5-small", "umt5-base", "byt5-small", "byt5-base"])
+def test_param_counts_equal_transformers(name):
+    """Our count is that of transformers' model of the preset's config (built on the meta device, its LM head
+    untied as in the released checkpoints)."""
+    import torch
+    config = build_config(name)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForSeq2SeqLM.from_config(config)
+    head = hf.get_output_embeddings()
+    if head.weight is hf.get_input_embeddings().weight:  # transformers 5 ties every mT5 / UMT5 / T5 config
+        head.weight = torch.nn.Parameter(torch.empty_like(head.weight, device="meta"))
+    assert count_params(config) == sum(p.numel() for p in hf.parameters())
 
 
 def test_t5_special_ids_from_tokenizer(tmp_path):

@@ -19,8 +19,8 @@ import transformers
 
 from flaxlm import models
 from generation_check import assert_greedy_matches_transformers
-from parity import (Case, assert_close_at_real, assert_load_fails, assert_losses_match, assert_same_params, batch,
-                    hf_logits, hf_tied, jnp_args, load_ours, random_hf, randomize, saved_keys)
+from parity import (Case, as_untied, assert_close_at_real, assert_load_fails, assert_losses_match, assert_same_params,
+                    batch, hf_logits, hf_tied, jnp_args, load_ours, random_hf, randomize, saved_keys)
 
 
 def family(hf_class, inputs, base, variants, **settings):
@@ -52,6 +52,7 @@ MODERNBERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attent
                   max_position_embeddings=64, global_attn_every_n_layers=3, local_attention=4, pad_token_id=0,
                   bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, global_rope_theta=1000.0,
                   local_rope_theta=50.0, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1)
+MT5 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # mT5 and UMT5 as released: T5 v1.1's FFN
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -109,6 +110,8 @@ CASES = [
         "biases-untied-relu": dict(global_attn_every_n_layers=2, local_attention=6, attention_bias=True,
                                    mlp_bias=True, norm_bias=True, classifier_bias=True, decoder_bias=False,
                                    tie_word_embeddings=False, hidden_activation="relu")}),
+    *family(transformers.MT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
+    *family(transformers.UMT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
@@ -144,6 +147,7 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
     assert saved["architectures"] == [case.hf_class.__name__] and saved["model_type"] == case.model_type
     assert saved["tie_word_embeddings"] == case.tied  # written either way: the default is True in GPT-2, False in Llama
     hf, info = AUTO[case.inputs].from_pretrained(tmp_path, output_loading_info=True)
+    hf = as_untied(hf)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
     assert type(hf) is case.hf_class and hf_tied(hf) == case.tied
     assert models.count_params(params) == sum(p.numel() for p in hf.parameters())

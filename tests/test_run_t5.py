@@ -11,7 +11,8 @@ import run_mlm_flax
 import run_t5_mlm_flax
 from run_helpers import assert_resume_matches, expect_user_error, read_metrics, with_vocab_size
 from flaxlm.training import mesh as meshlib
-from flaxlm.models import create_model, load_config, load_pretrained, split_model
+from flaxlm import models
+from flaxlm.models import create_model, hf_io, load_config, load_pretrained, split_model
 from flaxlm.data.span_corruption import SpanCorruptor
 from flaxlm.objectives.span_lm import span_objective
 from flaxlm.training.evaluation import evaluate
@@ -23,9 +24,10 @@ def model_dir(model_dir_for):
     return model_dir_for("t5-v1_1-tiny", "unigram")
 
 
-def run_args(model_dir, corpus, out, *extra):
-    return run_helpers.run_args(model_dir, corpus, out, "--model_type", "t5", "--max_seq_length", "32",
-                                "--learning_rate", "5e-3", "--adafactor", "--weight_decay", "0.001", *extra)
+def run_args(model_dir, corpus, out, *extra, model_type="t5", model_flag="--config_name"):
+    return run_helpers.run_args(model_dir, corpus, out, "--model_type", model_type, "--max_seq_length", "32",
+                                "--learning_rate", "5e-3", "--adafactor", "--weight_decay", "0.001", *extra,
+                                model_flag=model_flag)
 
 
 def test_end_to_end_export_has_our_loss_in_transformers(model_dir, corpus, tmp_path):
@@ -113,3 +115,42 @@ def test_wrong_script_for_the_model_and_line_by_line(model_dir, corpus, tmp_path
     expect_user_error(run_t5_mlm_flax.main, args + ["--line_by_line"], "line_by_line")
     mlm_args = [a for a in args if a not in ("--adafactor", "t5", "--model_type")]
     expect_user_error(run_mlm_flax.main, mlm_args, "run_t5_mlm_flax.py")
+
+
+# The other families run_t5_mlm_flax.py trains: mT5, UMT5, and ByT5 (T5 v1.1 on bytes).
+
+@pytest.mark.parametrize("preset,tokenizer", [("mt5-tiny", "unigram"), ("umt5-tiny", "unigram"),
+                                              ("byt5-tiny", "byte")])
+def test_continues_a_transformers_checkpoint_and_exports(preset, tokenizer, model_dir_for, corpus, tmp_path):
+    """A tiny random model transformers wrote (beside our tokenizer) trains two steps with --model_name_or_path;
+    transformers reloads the export and computes our logits."""
+    import shutil
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from parity import as_untied
+    start = tmp_path / "start"
+    shutil.copytree(model_dir_for(preset, tokenizer), start)
+    config = load_config(str(start))
+    torch.manual_seed(0)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(start)
+    out = tmp_path / "run"
+    run_t5_mlm_flax.main(run_args(str(start), corpus, out, "--max_steps", "2", "--do_eval", "false",
+                                  model_type=config.model_type, model_flag="--model_name_or_path"))
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+
+    tok = AutoTokenizer.from_pretrained(out)
+    hf = as_untied(AutoModelForSeq2SeqLM.from_pretrained(out)).eval()
+    assert type(hf).__name__ == models.family_of(config).architecture
+    _, ours = load_pretrained(str(out))
+    text = open(corpus["validation"], encoding="utf-8").read()[:2000]
+    ids = np.asarray(tok(text)["input_ids"][:64], np.int64).reshape(2, 32)
+    mask = np.ones_like(ids)
+    mask[1, 20:] = 0
+    dec = ids[:, :9].copy()
+    dec[:, 0] = config.decoder_start_token_id
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 decoder_input_ids=torch.tensor(dec)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(ids, mask, dec)), ref, atol=1e-4, rtol=0)
+    trained = split_model(ours)[1]["shared"]["embedding"]
+    assert not np.allclose(trained, hf_io.read_safetensors(str(start))["shared.weight"])  # it trained

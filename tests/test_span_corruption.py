@@ -251,3 +251,37 @@ def test_from_tokenizer_errors():
         SpanCorruptor.from_tokenizer(_tokenizer(8), 32, 0.15, 0.5)
     with pytest.raises(UserError, match="--max_seq_length"):
         SpanCorruptor.from_tokenizer(_tokenizer(8), 2, 0.15, 3.0)
+
+
+def test_byte_tokenizer_gets_byt5s_sentinels_and_mean_span():
+    """ByT5: sentinel k is byte 0xFF - k (id 258 - k, its <extra_id_*> tokens unused), spans of 20 bytes on
+    average unless a mean is given; other tokenizers keep T5's 3."""
+    from transformers import ByT5Tokenizer
+    tok = ByT5Tokenizer()
+    c = SpanCorruptor.from_tokenizer(tok, 1024, 0.15)
+    assert c.mean_noise_span_length == 20.0 and c.first_sentinel_id == 258 == tok.convert_tokens_to_ids("\xff")
+    assert c.num_spans == 9 and (c.eos_token_id, c.pad_token_id) == (1, 0)
+    assert SpanCorruptor.from_tokenizer(tok, 1024, 0.15, 3.0).mean_noise_span_length == 3.0  # a flag set wins
+    assert SpanCorruptor.from_tokenizer(_tokenizer(8), 32, 0.15).mean_noise_span_length == 3.0
+    text = "Ein byte-tokenisert tekst, med æ, ø og å. " * 60
+    rows = np.asarray(tok(text, add_special_tokens=False)["input_ids"][:2 * c.raw_length]).reshape(2, -1)
+    out = c(rows, np.random.default_rng(0))
+    sentinels = out["labels"][out["labels"] > 0xFF + 3 - c.num_spans]  # text bytes here are < 0xF7
+    assert sentinels.tolist() == [258 - k for k in range(9)] * 2
+    with pytest.raises(UserError, match="has 100 sentinels \\(ByT5's\\).*makes 205 spans per chunk; use a shorter"):
+        SpanCorruptor.from_tokenizer(tok, 4096, 0.05, 1.0)
+
+
+def test_byte_sentinels_for_fill_spans():
+    """A prompt's <extra_id_k> becomes ByT5's sentinel 258 - k, and a generated target's sentinels (in order)
+    become <extra_id_k> again, so that it decodes with them; other tokenizers' ids pass unchanged."""
+    from transformers import ByT5Tokenizer
+    from flaxlm.data.span_corruption import byte_sentinels_in, byte_sentinels_out
+    tok = ByT5Tokenizer()
+    prompt = tok("Oslo er <extra_id_0> i <extra_id_1>.").input_ids
+    ids = byte_sentinels_in(prompt, tok)
+    assert [i for i in ids if i > 255] == [258, 257] and len(ids) == len(prompt)
+    target = [0, 258, *tok("hovudstaden", add_special_tokens=False).input_ids, 257, 258, 1]  # a later 258: text
+    assert tok.decode(byte_sentinels_out(target, tok), skip_special_tokens=False) == \
+        "<pad><extra_id_0>hovudstaden<extra_id_1></s>"
+    assert byte_sentinels_in([5, 260], _tokenizer(8)) == [5, 260]

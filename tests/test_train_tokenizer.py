@@ -146,3 +146,21 @@ def test_script_main_with_dataset_name_and_streaming(tmp_path):
                               "--vocab_size", "120", "--cache_dir", str(tmp_path / "cache"), *extra])
         tok = AutoTokenizer.from_pretrained(str(out))
         assert type(tok).__name__ == "BertTokenizer" and tok.mask_token_id == 4
+
+
+def test_byte_tokenizer_is_byt5s(tmp_path):
+    """--type byte reads no text and writes what AutoTokenizer loads as ByT5Tokenizer, ids as in google/byt5-*:
+    pad 0, eos 1, unk 2, byte b at b + 3, <extra_id_0> .. <extra_id_124> at 259 .. 383."""
+    import train_tokenizer
+    from transformers import ByT5Tokenizer
+    out = tmp_path / "byt5"
+    train_tokenizer.main(["--type", "byte", "--model_max_length", "64", "--output_dir", str(out)])
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert type(tok) is ByT5Tokenizer and len(tok) == 384 and tok.model_max_length == 64
+    assert tok.get_vocab() == ByT5Tokenizer().get_vocab()
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    assert tok("hé")["input_ids"] == [ord("h") + 3, 0xC3 + 3, 0xA9 + 3, 1]
+    assert [tok.convert_tokens_to_ids(f"<extra_id_{k}>") for k in (0, 1, 124)] == [259, 260, 383]
+    assert tok.decode(tok("Blåbærsyltetøy")["input_ids"], skip_special_tokens=True) == "Blåbærsyltetøy"
+    with pytest.raises(UserError, match="fixed vocabulary of 384"):
+        train_tokenizer.main(["--type", "byte", "--vocab_size", "500", "--output_dir", str(tmp_path / "x")])

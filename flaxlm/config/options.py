@@ -141,8 +141,9 @@ class MaskedLMArgs:
 
 @dataclass
 class SpanCorruptionArgs:
-    mean_noise_span_length: float = option(3.0, key="task.objective.mean_noise_span_length",
-                                           help="T5 span corruption: mean length of a corrupted span")
+    mean_noise_span_length: float | None = option(key="task.objective.mean_noise_span_length",
+                                                  help="T5 span corruption: mean length of a corrupted span "
+                                                       "(default: 3 tokens; 20 with a byte tokenizer, as ByT5)")
 
 
 @dataclass
@@ -251,9 +252,10 @@ class TrainingArgs:
 @dataclass
 class TokenizerArgs:
     output_dir: str = required(help="directory to save the tokenizer in (the model directory)")
-    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram", "xlmr-unigram"),
-                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT), Unigram (T5) or Unigram as XLM-RoBERTa "
-                            "has it (<s> <pad> </s> <unk> first, <mask> last; loads as XLMRobertaTokenizer)")
+    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram", "xlmr-unigram", "byte"),
+                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT), Unigram (T5), Unigram as XLM-RoBERTa "
+                            "has it (<s> <pad> </s> <unk> first, <mask> last; loads as XLMRobertaTokenizer) or byte "
+                            "(ByT5: UTF-8 bytes, nothing to train)")
     vocab_size: int | None = option(minimum=1,
                                     help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram and "
                                          "xlmr-unigram)")

@@ -10,7 +10,9 @@ chunk of R corpus tokens, with d = noise density (--mlm_probability) and m = --m
   The chunk is kept span 0, noise span 0, kept span 1, noise span 1, ...: it starts with kept tokens
   and ends with noise (T5's default, without its optional random roll).
 - input: the chunk with noise span k replaced by its sentinel `first_sentinel_id - k` (<extra_id_k>;
-  in Hugging Face T5 tokenizers <extra_id_0> is the last id), then EOS: M + S + 1 tokens, then padding.
+  in Hugging Face T5 tokenizers <extra_id_0> is the last id; ByT5 reuses the last 100 byte ids instead,
+  byte 0xFF - k, id 258 - k, and its spans are longer: a mean of 20 bytes), then EOS: M + S + 1 tokens,
+  then padding.
 - target (labels): sentinel 0, noise span 0, sentinel 1, noise span 1, ..., EOS: N + S + 1 tokens.
 Rounding is Python's round (half to even, as tf.round in T5). Token values are never used as markers,
 so any id (0 included) in the text survives; text ids should lie below the sentinels.
@@ -28,6 +30,9 @@ import numpy as np
 from flaxlm.errors import UserError
 
 _MAX_RAW_LENGTH = 2**24
+MEAN_NOISE_SPAN_LENGTH = 3.0  # T5's
+BYTE_MEAN_NOISE_SPAN_LENGTH = 20.0  # ByT5's: bytes carry less than subwords
+BYTE_SENTINELS = 100  # ByT5's sentinels: the last 100 byte ids, from byte 0xFF down
 _BITGEN_64 = (np.random.PCG64, np.random.PCG64DXSM, np.random.Philox, np.random.SFC64)  # 64 random bits a draw
 
 
@@ -110,6 +115,50 @@ def _span_bounds(rng, B, n, S):
     return bounds_BS
 
 
+def is_byte_tokenizer(tokenizer):
+    """Whether `tokenizer` is ByT5's (UTF-8 bytes; train_tokenizer.py --type byte writes one)."""
+    from transformers import ByT5Tokenizer
+    return isinstance(tokenizer, ByT5Tokenizer)
+
+
+def _sentinels(tokenizer, num_spans, byte):
+    """(id of sentinel 0, how many sentinels follow at descending ids, up to num_spans); (None, 0) without any.
+    ByT5's are the ids of bytes 0xFF, 0xFE, ... (its <extra_id_*> tokens, at ascending ids, are unused)."""
+    if byte:
+        return tokenizer.convert_tokens_to_ids(chr(0xFF)), min(num_spans, BYTE_SENTINELS)
+    vocab = tokenizer.get_vocab()
+    first = vocab.get("<extra_id_0>")
+    if first is None:
+        return None, 0
+    have = 0
+    while vocab.get(f"<extra_id_{have}>", -1) == first - have and have < num_spans:
+        have += 1
+    return first, have
+
+
+def byte_sentinels_in(ids, tokenizer):
+    """Token ids of a text written with <extra_id_k> (ByT5Tokenizer's id 259 + k) as ByT5 was trained: byte
+    0xFF - k (id 258 - k) in its place; other tokenizers' ids unchanged. fill_spans.py's prompts."""
+    if not is_byte_tokenizer(tokenizer):
+        return list(ids)
+    extra0, sentinel0 = tokenizer.convert_tokens_to_ids("<extra_id_0>"), tokenizer.convert_tokens_to_ids(chr(0xFF))
+    return [sentinel0 - (i - extra0) if extra0 <= i < extra0 + BYTE_SENTINELS else i for i in ids]
+
+
+def byte_sentinels_out(ids, tokenizer):
+    """The inverse for a target ByT5 generated: its sentinels, byte 0xFF - k in order k = 0, 1, ..., back to
+    <extra_id_k> (the same ids taken in any other place are text bytes); other tokenizers' ids unchanged."""
+    if not is_byte_tokenizer(tokenizer):
+        return list(ids)
+    extra0, sentinel0 = tokenizer.convert_tokens_to_ids("<extra_id_0>"), tokenizer.convert_tokens_to_ids(chr(0xFF))
+    out, k = [], 0
+    for i in ids:
+        if i == sentinel0 - k and k < BYTE_SENTINELS:
+            i, k = extra0 + k, k + 1
+        out.append(i)
+    return out
+
+
 class SpanCorruptor:
     """Corrupts batches of raw chunks [B, raw_length] into T5 inputs and targets (module docstring).
 
@@ -144,28 +193,30 @@ class SpanCorruptor:
         self._sentinels_S = (self.first_sentinel_id - np.arange(self.num_spans)).astype(np.int32)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, inputs_length, noise_density, mean_noise_span_length,
+    def from_tokenizer(cls, tokenizer, inputs_length, noise_density, mean_noise_span_length=None,
                        decoder_start_token_id=None):
         """A corruptor for a Hugging Face tokenizer with sentinels <extra_id_0>, <extra_id_1>, ... at
-        descending ids (T5: <extra_id_k> = len(tokenizer) - 1 - k), an EOS and a pad token."""
+        descending ids (T5: <extra_id_k> = len(tokenizer) - 1 - k), an EOS and a pad token; or for ByT5's
+        byte tokenizer, with ByT5's sentinels (the last byte ids). mean_noise_span_length None: 3, or 20 for
+        a byte tokenizer."""
+        byte = is_byte_tokenizer(tokenizer)
+        if mean_noise_span_length is None:
+            mean_noise_span_length = BYTE_MEAN_NOISE_SPAN_LENGTH if byte else MEAN_NOISE_SPAN_LENGTH
         raw_length, _ = t5_lengths(inputs_length, noise_density, mean_noise_span_length)
         num_spans = span_counts(raw_length, noise_density, mean_noise_span_length)[1]
         where = getattr(tokenizer, "name_or_path", "") or "(in memory)"
         fix = ("train one with train_tokenizer.py --type unigram (it adds 100 <extra_id_*> sentinels) "
                "or add extra_ids to the tokenizer")
-        vocab = tokenizer.get_vocab()
-        first = vocab.get("<extra_id_0>")
+        first, have = _sentinels(tokenizer, num_spans, byte)
         if first is None:
             raise UserError(f"tokenizer at {where} has no sentinel tokens (<extra_id_0>, ...) for T5 span "
                             f"corruption; {fix}")
-        have = 0
-        while vocab.get(f"<extra_id_{have}>", -1) == first - have and have < num_spans:
-            have += 1
         if have < num_spans:
-            raise UserError(f"tokenizer at {where} has {have} sentinel tokens (<extra_id_0>.. at descending ids), "
+            kind = "sentinels (ByT5's)" if byte else "sentinel tokens (<extra_id_0>.. at descending ids)"
+            raise UserError(f"tokenizer at {where} has {have} {kind}, "
                             f"but --max_seq_length {inputs_length} with --mlm_probability {noise_density} and "
                             f"--mean_noise_span_length {mean_noise_span_length} makes {num_spans} spans per "
-                            f"chunk; {fix}, or use a shorter --max_seq_length or longer spans")
+                            f"chunk; {'' if byte else fix + ', or '}use a shorter --max_seq_length or longer spans")
         for name in ("eos", "pad"):
             if getattr(tokenizer, f"{name}_token_id") is None:
                 raise UserError(f"tokenizer at {where} has no {name} token, which T5 span corruption needs; {fix}")

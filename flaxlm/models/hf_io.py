@@ -42,6 +42,16 @@ def resolve_dir(path, allow_patterns=("config.json", "*.safetensors", "*.json"))
                         f"beforehand and pass the local directory") from None
 
 
+def _model_type_of(architectures):
+    """The model_type of the pretraining class config.json's architectures name (None if none does), for a
+    config.json without model_type."""
+    from transformers.models.auto import modeling_auto as auto
+    names = {**auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, **auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+             **auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
+    arch = architectures[0] if isinstance(architectures, list) and architectures else None
+    return next((model_type for model_type, cls in names.items() if cls == arch), None)
+
+
 def load_config(path):
     """The transformers config in directory `path` (or a hub name); UserError if absent or invalid."""
     from transformers import AutoConfig
@@ -60,6 +70,10 @@ def load_config(path):
         raise UserError(f"invalid config.json in {path}: a JSON {type(data).__name__}, not an object of config "
                         f"keys; fix it or write a new one with create_config.py")
     try:  # flaxlm runs its own model code only: a config's custom (hub) code is never needed, nor run
+        model_type = data.get("model_type") or _model_type_of(data.get("architectures"))
+        if model_type and "model_type" not in data:  # google/umt5-*: architectures only
+            from transformers import CONFIG_MAPPING
+            return CONFIG_MAPPING[model_type].from_pretrained(path, local_files_only=True)
         return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # no or unknown model_type, a value of the wrong type: transformers' own errors
         reason = " ".join(str(e).split())[:300] or type(e).__name__

@@ -131,7 +131,7 @@ def config_for(model_type, fields, tokenizer=None, overrides=None, fixed_type="c
     if tokenizer is not None:
         fields["vocab_size"] = len(tokenizer)
         special = _special_ids(tokenizer)
-        if model_type == "t5":  # no bos; the decoder starts from the pad token, as in every T5
+        if default.is_encoder_decoder:  # T5, mT5, UMT5: no bos; the decoder starts from the pad token
             special.pop("bos_token_id", None)
             if "pad_token_id" in special:
                 special["decoder_start_token_id"] = special["pad_token_id"]

@@ -1,7 +1,7 @@
 """The model families, found by config.model_type: one Family per family (flaxlm.models.family), defined in the
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
-from flaxlm.models import bert, deberta_v2, electra, gpt2, llama, modernbert, opt, t5, xlm_roberta
+from flaxlm.models import bert, deberta_v2, electra, gpt2, llama, modernbert, mt5, opt, t5, xlm_roberta
 
 FAMILIES = {f.model_type: f for f in (
     bert.BERT,
@@ -15,6 +15,8 @@ FAMILIES = {f.model_type: f for f in (
     xlm_roberta.CAMEMBERT,
     modernbert.MODERNBERT,
     deberta_v2.DEBERTA_V2,
+    mt5.MT5,
+    mt5.UMT5,
 )}
 
 MODELS = {model_type: f.model for model_type, f in FAMILIES.items()}  # model_type -> pretraining module class

@@ -8,8 +8,9 @@ One module serves both, configured by a transformers T5Config:
 Both: pre-norm blocks with RMS norms (scale only, no mean, no bias), no biases anywhere, attention logits
 without the 1/sqrt(d) factor plus a bucketed relative-position bias. Each stack owns one bias table (Hugging
 Face keeps it in the stack's first block), turned into a [1, N, T, S] bias once per call and added in every
-layer; cross-attention has none. Parameters are float32; computation runs in `dtype`; norm statistics,
-attention softmax and logits are float32.
+layer; cross-attention has none. The families built on these modules (flaxlm.models.mt5: mT5, and UMT5, whose
+every layer has its own bias table) pass `tied` and `bias_per_layer` to T5ForConditionalGeneration.
+Parameters are float32; computation runs in `dtype`; norm statistics, attention softmax and logits are float32.
 
 Shape suffixes: B batch, L encoder length, T decoder length, S key length, D d_model, N heads, H d_kv,
 F d_ff, V vocabulary, K buckets. Below the model: its Hugging Face tensor names, its presets and its Family.
@@ -116,6 +117,18 @@ def _normal(std):
     return nnx.initializers.normal(std)
 
 
+def bias_table(config, rngs):
+    """A relative_attention_bias table [K, N] (float32), initialized as Hugging Face does."""
+    K, N, f = config.relative_attention_num_buckets, config.num_heads, config.initializer_factor
+    return nnx.Embed(K, N, dtype=jnp.float32, param_dtype=jnp.float32,
+                     embedding_init=_normal(f * config.d_model ** -0.5), rngs=rngs)
+
+
+def gather_bias(table, buckets_TS):
+    """[1, N, T, S] float32: a bias table gathered at each (query, key) offset's bucket."""
+    return jnp.take(table.embedding[...].T, buckets_TS, axis=1)[None]
+
+
 class Attention(nnx.Module):
     """T5Attention: q, k, v, o projections without biases (inner width N * H, need not equal D)."""
 
@@ -179,10 +192,13 @@ class FeedForward(nnx.Module):
 
 
 class Block(nnx.Module):
-    """T5Block: pre-norm self-attention, (decoder only) cross-attention, feed-forward; dropout on each branch."""
+    """T5Block: pre-norm self-attention, (decoder only) cross-attention, feed-forward; dropout on each branch.
+    With own_bias (UMT5) the block holds its self-attention's relative_attention_bias table."""
 
-    def __init__(self, config, is_decoder, dtype, rngs, execution):
+    def __init__(self, config, is_decoder, dtype, rngs, execution, own_bias=False):
         D, eps, f = config.d_model, config.layer_norm_epsilon, config.initializer_factor
+        if own_bias:
+            self.relative_attention_bias = bias_table(config, rngs)
         self.attn_norm = RMSNorm(D, eps, f)
         self.attn = Attention(config, dtype, rngs, execution)
         if is_decoder:
@@ -207,26 +223,22 @@ class Block(nnx.Module):
 
 
 class Stack(nnx.Module):
-    """T5Stack without its (shared) embeddings: the relative-position bias table, the blocks, a final norm;
-    the blocks run as `execution` says (flaxlm.models.layer_stack), the cross-attention keys and values of
-    each decoder block being its scanned input."""
+    """T5Stack without its (shared) embeddings: the relative-position bias table (bias_per_layer, UMT5: one in
+    each block instead), the blocks, a final norm; the blocks run as `execution` says
+    (flaxlm.models.layer_stack), the cross-attention keys and values of each decoder block being its scanned
+    input."""
 
-    def __init__(self, config, num_layers, is_decoder, dtype, rngs, execution):
-        K, N, f = config.relative_attention_num_buckets, config.num_heads, config.initializer_factor
-        self.relative_attention_bias = nnx.Embed(K, N, dtype=jnp.float32, param_dtype=jnp.float32,
-                                                 embedding_init=_normal(f * config.d_model ** -0.5), rngs=rngs)
-        self.layers = nnx.List([Block(config, is_decoder, dtype, rngs, execution) for _ in range(num_layers)])
+    def __init__(self, config, num_layers, is_decoder, dtype, rngs, execution, bias_per_layer=False):
+        if not bias_per_layer:
+            self.relative_attention_bias = bias_table(config, rngs)
+        self.layers = nnx.List([Block(config, is_decoder, dtype, rngs, execution, bias_per_layer)
+                                for _ in range(num_layers)])
         self.execution = execution
-        self.final_norm = RMSNorm(config.d_model, config.layer_norm_epsilon, f)
-        self.is_decoder = is_decoder
-        self.num_buckets, self.max_distance = K, config.relative_attention_max_distance
+        self.final_norm = RMSNorm(config.d_model, config.layer_norm_epsilon, config.initializer_factor)
+        self.is_decoder, self.bias_per_layer = is_decoder, bias_per_layer
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
         self.dropout_rate = config.dropout_rate
-
-    def position_bias(self, query_len, key_len):
-        """[1, N, T, S] float32: the bias table gathered at each offset's bucket (once per call, all layers)."""
-        buckets_TS = relative_buckets(query_len, key_len, not self.is_decoder, self.num_buckets, self.max_distance)
-        table_NK = self.relative_attention_bias.embedding[...].T
-        return jnp.take(table_NK, buckets_TS, axis=1)[None]
 
     def cross_keys_values(self, enc_BSD):
         """Every layer's cross-attention keys and values, [(k, v)], each [B * S, N * H]: one matmul of the
@@ -241,7 +253,8 @@ class Stack(nnx.Module):
         """Hidden states after the final norm; mask_BT (True/1 = real token) hides padding keys, and the
         decoder is causal. The decoder attends to enc_BSD, hiding its padding by enc_mask_BS."""
         T = x_BTD.shape[1]
-        bias_1NTT = self.position_bias(T, T)
+        buckets_TT = relative_buckets(T, T, not self.is_decoder, self.num_buckets, self.max_distance)
+        shared_1NTT = None if self.bias_per_layer else gather_bias(self.relative_attention_bias, buckets_TT)
         mask_B1TT = None if mask_BT is None else mask_BT[:, None, None, :].astype(bool)
         if self.is_decoder:
             causal_11TT = jnp.asarray(np.tril(np.ones((T, T), bool)))[None, None]
@@ -252,7 +265,8 @@ class Stack(nnx.Module):
             cross_kv = self.cross_keys_values(enc_BSD)
         x_BTD = dropout(x_BTD, self.dropout_rate, fold_key(key, 0))
         x_BTD = run_layers(self.layers, x_BTD, lambda i, layer, x, kv: layer(
-            x, bias_1NTT, mask_B1TT, fold_key(key, i + 1), enc_BSD, enc_mask_B11S, kv), self.execution, cross_kv)
+            x, gather_bias(layer.relative_attention_bias, buckets_TT) if shared_1NTT is None else shared_1NTT,
+            mask_B1TT, fold_key(key, i + 1), enc_BSD, enc_mask_B11S, kv), self.execution, cross_kv)
         return dropout(self.final_norm(x_BTD), self.dropout_rate, fold_key(key, len(self.layers) + 1))
 
 
@@ -266,7 +280,9 @@ class T5ForConditionalGeneration(nnx.Module):
         head = model.head()                                                                # head + loss
     """
 
-    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+    def __init__(self, config, *, dtype="float32", rngs, execution=None, tied=None, bias_per_layer=False):
+        """tied: whether the LM head is the shared embeddings (default: ties_embeddings(config));
+        bias_per_layer: a relative-position bias table in every block (UMT5) instead of one per stack."""
         for key in ("num_layers", "num_decoder_layers", "num_heads", "d_model", "d_kv", "d_ff", "vocab_size",
                     "relative_attention_num_buckets"):
             if getattr(config, key) < 1:
@@ -277,9 +293,9 @@ class T5ForConditionalGeneration(nnx.Module):
         self.shared = nnx.Embed(V, D, dtype=jnp.float32, param_dtype=jnp.float32, embedding_init=_normal(f),
                                 rngs=rngs)
         self.execution = execution or Execution()
-        self.encoder = Stack(config, config.num_layers, False, dtype, rngs, self.execution)
-        self.decoder = Stack(config, config.num_decoder_layers, True, dtype, rngs, self.execution)
-        self.tied = ties_embeddings(config)
+        self.encoder = Stack(config, config.num_layers, False, dtype, rngs, self.execution, bias_per_layer)
+        self.decoder = Stack(config, config.num_decoder_layers, True, dtype, rngs, self.execution, bias_per_layer)
+        self.tied = ties_embeddings(config) if tied is None else tied
         if not self.tied:
             self.lm_head = dense(D, V, dtype, f, rngs, use_bias=False)
         self.d_model = D
@@ -318,11 +334,13 @@ class T5ForConditionalGeneration(nnx.Module):
                            fold_key(dropout_key, 1), hidden)
 
 
-def tensor_names(config):
-    """Tensor names of T5ForConditionalGeneration (transformers 5) -> our parameter paths.
+def tensor_names(config, tied=None, bias_per_layer=False):
+    """Tensor names of T5ForConditionalGeneration (transformers 5) -> our parameter paths (tied, bias_per_layer:
+    as T5ForConditionalGeneration takes them).
 
-    Hugging Face keeps each stack's relative-position bias in its first block only; encoder.embed_tokens and
-    decoder.embed_tokens are the shared embeddings (never saved); lm_head.weight exists when untied (v1.1).
+    Hugging Face keeps each stack's relative-position bias in its first block only (UMT5: in every block);
+    encoder.embed_tokens and decoder.embed_tokens are the shared embeddings (never saved); lm_head.weight exists
+    when untied (v1.1).
     """
     names = [("shared.weight", ("shared", "embedding"), "copy")]
 
@@ -333,11 +351,14 @@ def tensor_names(config):
         add_linear(names, hf, ours, bias=False)
 
     ffn = ("wi_0", "wi_1", "wo") if config.is_gated_act else ("wi", "wo")
+    bias = "layer.0.SelfAttention.relative_attention_bias.weight"
     for stack, n in (("encoder", config.num_layers), ("decoder", config.num_decoder_layers)):
-        names.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                      (stack, "relative_attention_bias", "embedding"), "copy"))
+        if not bias_per_layer:
+            names.append((f"{stack}.block.0.{bias}", (stack, "relative_attention_bias", "embedding"), "copy"))
         for i in range(n):
             hf, ours = f"{stack}.block.{i}.layer.", (stack, "layers", str(i))
+            if bias_per_layer:
+                names.append((f"{stack}.block.{i}.{bias}", (*ours, "relative_attention_bias", "embedding"), "copy"))
             for proj in ("q", "k", "v", "o"):
                 linear(f"{hf}0.SelfAttention.{proj}", (*ours, "attn", proj))
             norm(f"{hf}0.layer_norm", (*ours, "attn_norm"))
@@ -350,16 +371,17 @@ def tensor_names(config):
                 linear(f"{hf}{f}.DenseReluDense.{w}", (*ours, "mlp", w))
             norm(f"{hf}{f}.layer_norm", (*ours, "mlp_norm"))
         norm(f"{stack}.final_layer_norm", (stack, "final_norm"))
-    if not ties_embeddings(config):
+    if not (ties_embeddings(config) if tied is None else tied):
         linear("lm_head", ("lm_head",))
     return names
 
 
-def normalize(config, tensors, notes):
+def normalize(config, tensors, notes, tied=None, tied_head_scale=1.0):
     """Drop what Hugging Face ties or ignores: the stacks' embed_tokens copies of shared.weight, a tied
     lm_head.weight (checked equal), decoder cross-attention's unused relative_attention_bias. An untied (v1.1)
     config whose checkpoint has no lm_head.weight (transformers 5 saves v1.1 models built from a config tied)
-    gets a copy of shared.weight, which is what transformers computes with."""
+    gets a copy of shared.weight, which is what transformers computes with (times tied_head_scale: UMT5's tied
+    head multiplies the decoder output by d_model**-0.5). tied: as T5ForConditionalGeneration takes it."""
     out = dict(tensors)
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
         x = out.pop(name, None)
@@ -374,7 +396,7 @@ def normalize(config, tensors, notes):
     if out.pop(unused, None) is not None:
         notes.append(f"ignored {unused} (cross-attention has no position bias; transformers ignores it too)")
     shared, head = out.get("shared.weight"), out.get("lm_head.weight")
-    if ties_embeddings(config):
+    if ties_embeddings(config) if tied is None else tied:
         if head is not None:
             if shared is not None and not same_tensor(head, shared):
                 raise UserError("tensor lm_head.weight differs from shared.weight but config.json describes original "
@@ -382,9 +404,10 @@ def normalize(config, tensors, notes):
                                 "to false in config.json")
             out.pop("lm_head.weight")
     elif head is None and shared is not None and getattr(config, "tie_word_embeddings", False):
-        out["lm_head.weight"] = shared
+        out["lm_head.weight"] = np.asarray(shared, np.float32) * np.float32(tied_head_scale)
+        scaled = f" times {tied_head_scale:.4g}, the tied head's scale" if tied_head_scale != 1 else ""
         notes.append("the checkpoint has no lm_head.weight and its config.json ties it to shared.weight; the "
-                     "untied LM head starts as a copy of the shared embeddings")
+                     f"untied LM head starts as a copy of the shared embeddings{scaled}")
     return out
 
 
@@ -398,19 +421,29 @@ _T5_V1_1 = {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": Fal
 _T5_ORIGINAL = {**_T5, "feed_forward_proj": "relu", "tie_word_embeddings": True}
 
 
-def _shape(d_model, d_ff, layers, heads):
-    return dict(d_model=d_model, d_ff=d_ff, num_layers=layers, num_decoder_layers=layers, num_heads=heads)
+def stack_shape(d_model, d_ff, layers, heads, decoder_layers=None):
+    """A preset's widths and depths (decoder_layers: as many as the encoder's unless given)."""
+    return dict(d_model=d_model, d_ff=d_ff, num_layers=layers, num_decoder_layers=decoder_layers or layers,
+                num_heads=heads)
+
+
+# google/byt5-*: T5 v1.1 (model_type "t5") on UTF-8 bytes (train_tokenizer.py --type byte: 3 specials, 256 bytes,
+# 125 extra ids), the encoder 3x deeper than the decoder.
+_BYT5 = {**_T5_V1_1, "vocab_size": 384}
 
 
 PRESETS = {
-    "t5-v1_1-small": {**_T5_V1_1, **_shape(512, 1024, 8, 6)},
-    "t5-v1_1-base": {**_T5_V1_1, **_shape(768, 2048, 12, 12)},
-    "t5-v1_1-large": {**_T5_V1_1, **_shape(1024, 2816, 24, 16)},
-    "t5-small": {**_T5_ORIGINAL, **_shape(512, 2048, 6, 8)},
-    "t5-base": {**_T5_ORIGINAL, **_shape(768, 3072, 12, 12)},
-    "t5-v1_1-mini": {**_T5_V1_1, **_shape(128, 384, 3, 4), "d_kv": 32, "vocab_size": 8192},
-    "t5-v1_1-tiny": {**_T5_V1_1, **_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
-    "t5-tiny": {**_T5_ORIGINAL, **_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
+    "t5-v1_1-small": {**_T5_V1_1, **stack_shape(512, 1024, 8, 6)},
+    "t5-v1_1-base": {**_T5_V1_1, **stack_shape(768, 2048, 12, 12)},
+    "t5-v1_1-large": {**_T5_V1_1, **stack_shape(1024, 2816, 24, 16)},
+    "t5-small": {**_T5_ORIGINAL, **stack_shape(512, 2048, 6, 8)},
+    "t5-base": {**_T5_ORIGINAL, **stack_shape(768, 3072, 12, 12)},
+    "t5-v1_1-mini": {**_T5_V1_1, **stack_shape(128, 384, 3, 4), "d_kv": 32, "vocab_size": 8192},
+    "t5-v1_1-tiny": {**_T5_V1_1, **stack_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
+    "t5-tiny": {**_T5_ORIGINAL, **stack_shape(64, 128, 2, 4), "d_kv": 16, "vocab_size": 1024},
+    "byt5-small": {**_BYT5, **stack_shape(1472, 3584, 12, 6, decoder_layers=4)},
+    "byt5-base": {**_BYT5, **stack_shape(1536, 3968, 18, 12, decoder_layers=6)},
+    "byt5-tiny": {**_BYT5, **stack_shape(64, 128, 3, 4, decoder_layers=1), "d_kv": 16},
 }
 
 T5 = Family(model_type="t5", name="T5", model=T5ForConditionalGeneration, tensor_names=tensor_names,

@@ -1,5 +1,5 @@
 """Train tokenizers from text: byte-level BPE as RoBERTa/GPT-2 have, WordPiece as BERT has, Unigram as T5 has and
-Unigram as XLM-RoBERTa has.
+Unigram as XLM-RoBERTa has; and ByT5's byte tokenizer, which has nothing to learn.
 
 Each returns a `transformers` tokenizer; save_pretrained(dir) writes tokenizer.json and
 tokenizer_config.json, and AutoTokenizer.from_pretrained(dir) gives it back (RobertaTokenizer,
@@ -127,14 +127,25 @@ def train_xlmr_unigram(texts_iter, vocab_size=32000, min_frequency=2, model_max_
                                             model_max_length=model_max_length)
 
 
+def byte_tokenizer(model_max_length=512):
+    """ByT5's tokenizer (transformers' ByT5Tokenizer, which AutoTokenizer loads back): UTF-8 bytes, no training.
+
+    Ids: <pad> 0, </s> 1 (appended to every sequence), <unk> 2, byte b at b + 3, then <extra_id_0> ..
+    <extra_id_124> at 259 .. 383 in ascending order, as ByT5Tokenizer numbers them: 384 ids, google/byt5-*'s
+    vocab_size. ByT5's span corruption marks spans with the last byte ids instead (flaxlm.data.span_corruption).
+    """
+    return transformers.ByT5Tokenizer(model_max_length=model_max_length)
+
+
 TRAINERS = {"bpe": train_bpe, "wordpiece": train_wordpiece, "unigram": train_unigram,
             "xlmr-unigram": train_xlmr_unigram}
+TYPES = (*TRAINERS, "byte")  # --type: a trained tokenizer, or ByT5's bytes
 
 
 def get_trainer(kind):
     """The train_* function for --type, or a UserError naming what exists."""
     if kind not in TRAINERS:
-        raise UserError(f"unknown tokenizer --type {kind}; use one of {', '.join(TRAINERS)}")
+        raise UserError(f"unknown tokenizer --type {kind}; use one of {', '.join(TYPES)}")
     return TRAINERS[kind]
 
 
