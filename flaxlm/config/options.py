@@ -55,10 +55,11 @@ class ModelLoadingArgs:
 @dataclass
 class ModelArgs(ModelLoadingArgs):
     model_type: str | None = option(key="task.model.model_type",
-                                    help="model family (bert, roberta, xlm-roberta, electra, modernbert, t5, gpt2, "
-                                         "...), checked against config.json; with neither --config_name nor "
-                                         "--model_name_or_path, a new model of transformers' default config for it, "
-                                         "sized to the tokenizer (as Hugging Face's scripts did)")
+                                    help="model family (bert, roberta, xlm-roberta, camembert, electra, deberta-v2, "
+                                         "modernbert, t5, mt5, umt5, gpt2, opt, llama), checked against "
+                                         "config.json; with neither --config_name nor --model_name_or_path, a new "
+                                         "model of transformers' default config for it, sized to the tokenizer (as "
+                                         "Hugging Face's scripts did)")
     config_overrides: str | None = option(key="task.model.default_config_overrides",
                                           help="with --model_type alone: changes to its default config, as in Hugging "
                                                "Face's run_mlm.py (hidden_size=64,num_hidden_layers=2)")
