@@ -1,0 +1,101 @@
+"""run_electra_flax.py and its objective (flaxlm.objectives.electra): the loss against an independent numpy
+computation, the shared embeddings, a tiny run that trains, resumes and exports (both models loading in transformers
+with equal logits), bad input."""
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import run_electra_flax
+import run_helpers
+from run_helpers import assert_resume_matches, expect_user_error, read_metrics
+from flaxlm.data.mlm_masking import MLMMasker
+from flaxlm.models import create_model, split_model
+from flaxlm.models.electra import DISCRIMINATOR
+from flaxlm.models.hf_io import load_config
+from flaxlm.objectives.electra import electra_objective, join_params, model_params
+from flaxlm.training.optim import make_optimizer
+from flaxlm.config.options import TrainingArgs
+
+
+@pytest.fixture(scope="module")
+def dirs(model_dir_for):
+    """(generator dir, discriminator dir): the tiny presets beside one 300-token BPE tokenizer."""
+    return model_dir_for("electra-tiny-generator"), model_dir_for("electra-tiny-discriminator")
+
+
+def run_args(dirs, corpus, out, *extra):
+    gen, disc = dirs
+    return run_helpers.run_args(disc, corpus, out, "--generator_config_name", gen, "--max_seq_length", "32",
+                                "--learning_rate", "3e-3", *extra)
+
+
+@pytest.fixture(scope="module")
+def pair(dirs):
+    """(gen config, gen model, disc config, disc model, masker) of the tiny presets, the masker for rows of 16."""
+    gen_config, disc_config = load_config(dirs[0]), load_config(dirs[1])
+    masker = MLMMasker(seq_len=16, vocab_size=300, mask_token_id=4, pad_token_id=1, special_token_ids=(0, 1, 2, 3, 4),
+                       mlm_probability=0.25)
+    generator, discriminator = create_model(gen_config, seed=1), create_model(disc_config, seed=0, task=DISCRIMINATOR)
+    for name in ("word", "position", "token_type", "norm"):  # the embeddings the two share in training
+        nnx.update(getattr(generator.embeddings, name), nnx.state(getattr(discriminator.embeddings, name)))
+    generator.generator_head.bias[...] = generator.generator_head.bias[...].at[5:8].set(8.0)  # _batch's tokens:
+    # some samples then equal the original
+    return gen_config, generator, disc_config, discriminator, masker
+
+
+def _objective(pair, weight=50.0, temperature=1.0):
+    gen_config, generator, disc_config, discriminator, masker = pair
+    (gen_graphdef, gen_params), (disc_graphdef, disc_params) = split_model(generator), split_model(discriminator)
+    objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, 16, weight, temperature)
+    return objective, join_params(gen_params, disc_params)
+
+
+def _batch(masker):
+    rows = np.random.default_rng(0).integers(5, 8, (4, 16)).astype(np.int32)
+    rows[:, 0], rows[:, -1], rows[3, 10:] = 0, 2, 1  # CLS, SEP; row 3 padded
+    return masker(rows, np.random.default_rng(1))
+
+
+def _log_sigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+def test_loss_equals_an_independent_computation(pair):
+    """Masking, sampled replacements and the loss formula, redone in numpy from the models' logits."""
+    gen_config, generator, disc_config, discriminator, masker = pair
+    objective, params = _objective(pair, weight=7.0, temperature=0.5)
+    batch = _batch(masker)
+    key = jax.random.PRNGKey(3)
+    sums = jax.jit(objective.loss_sums)(params, {k: jnp.asarray(v) for k, v in batch.items()}, key)
+
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    pos, labels, w = batch["masked_positions"], batch["masked_labels"], batch["masked_weights"]
+    gen_logits = np.asarray(generator(ids, mask, masked_positions_BP=pos, dropout_key=jax.random.fold_in(key, 0)))
+    top = gen_logits.max(-1, keepdims=True)
+    logp = gen_logits - top - np.log(np.exp(gen_logits - top).sum(-1, keepdims=True))
+    mlm = -(np.take_along_axis(logp, labels[..., None], -1)[..., 0] * w).sum() / w.sum()
+    # Samples: the Gumbel-max draw jax.random.categorical makes with the step's sampling key.
+    gumbel = np.asarray(jax.random.gumbel(jax.random.fold_in(key, 1), gen_logits.shape))
+    sample = np.argmax(gen_logits / 0.5 + gumbel, -1)
+    original, corrupted = ids.copy(), ids.copy()
+    for b, p in zip(*np.nonzero(w)):
+        original[b, pos[b, p]], corrupted[b, pos[b, p]] = labels[b, p], sample[b, p]
+    replaced = (corrupted != original).astype(np.float64)
+    disc_logits = np.asarray(discriminator(corrupted, mask, dropout_key=jax.random.fold_in(key, 2)), np.float64)
+    bce = -(replaced * _log_sigmoid(disc_logits) + (1 - replaced) * _log_sigmoid(-disc_logits))
+    disc = (bce * mask).sum() / mask.sum()
+
+    n = w.sum()
+    assert 0 < replaced.sum() < n  # the test draws both kinds of slot
+    np.testing.assert_allclose(sums["generator_loss_sum"] / n, mlm, rtol=1e-5)
+    np.testing.assert_allclose(sums["discriminator_loss_sum"] / n, disc, rtol=1e-5)
+    np.testing.assert_allclose(sums["loss_sum"] / n, mlm + 7.0 * disc, rtol=1e-5)
+    np.testing.assert_allclose(sums["replaced_sum"] / n, ((sample != labels) * w).sum() / n, rtol=1e-6)
+    np.testing.assert_allclose(sums["discriminator_accuracy_sum"] / n,
+                               (((disc_logits > 0) == replaced) * mask).sum() / mask.sum(), rtol=1e-5)
