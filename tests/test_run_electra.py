@@ -8,6 +8,7 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -19,8 +20,6 @@ from flaxlm.models import create_model, split_model
 from flaxlm.models.electra import DISCRIMINATOR
 from flaxlm.models.hf_io import load_config
 from flaxlm.objectives.electra import electra_objective, join_params, model_params
-from flaxlm.training.optim import make_optimizer
-from flaxlm.config.options import TrainingArgs
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +98,69 @@ def test_loss_equals_an_independent_computation(pair):
     np.testing.assert_allclose(sums["replaced_sum"] / n, ((sample != labels) * w).sum() / n, rtol=1e-6)
     np.testing.assert_allclose(sums["discriminator_accuracy_sum"] / n,
                                (((disc_logits > 0) == replaced) * mask).sum() / mask.sum(), rtol=1e-5)
+
+
+def test_shared_embeddings_are_one_tensor(pair):
+    """One set of embedding params: a train step moves the generator's and the discriminator's embedding outputs
+    (before their projections) alike, and both models' losses reach it."""
+    from flaxlm.models import merge_model
+    from flaxlm.models.bert import Embeddings
+    from flaxlm.training.train_step import make_train_step
+    objective, params = _objective(pair)
+    V, E = pair[0].vocab_size, pair[0].embedding_size
+    assert sum(x.shape == (V, E) for x in jax.tree.leaves(params)) == 1  # one word table in the train state
+    batch = {k: jnp.asarray(v) for k, v in _batch(pair[4]).items()}
+    ids = batch["input_ids"]
+
+    def embedded(p, name, graphdef):  # the shared embeddings' output as model `name` computes it
+        return Embeddings.__call__(merge_model(graphdef, model_params(p, name)).embeddings, ids, jnp.zeros_like(ids),
+                                   None)
+
+    graphdefs = {"generator": split_model(pair[1])[0], "discriminator": split_model(pair[3])[0]}
+    steps = {}
+    for weight in (0.0, 50.0):  # the generator's loss alone, then both
+        objective, params = _objective(pair, weight=weight)
+        tx = optax.sgd(1.0)
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+        new, _ = jax.jit(make_train_step(objective.loss_sums, tx, 1))(state, batch, jax.random.PRNGKey(0))
+        moved = {name: embedded(new["params"], name, g) - embedded(params, name, g) for name, g in graphdefs.items()}
+        np.testing.assert_array_equal(moved["generator"], moved["discriminator"])
+        assert np.abs(moved["generator"]).max() > 1e-4
+        steps[weight] = new["params"]["embeddings"]["word"]["embedding"]
+    assert not np.allclose(steps[0.0], steps[50.0])  # the discriminator's loss moves them too
+
+
+def test_run_trains_resumes_and_exports_both_models(dirs, corpus, tmp_path, monkeypatch):
+    """A tiny run, straight and crashed-and-resumed (the same losses): both models' metrics in the train and eval
+    rows; the discriminator exported to --output_dir and the generator to generator/, each loading in transformers
+    with our logits, the shared embeddings written into both."""
+    import torch
+    from transformers import ElectraForMaskedLM, ElectraForPreTraining
+    from flaxlm.models import load_for_task, load_pretrained
+    from flaxlm.models.hf_io import read_safetensors
+
+    def args_for(out, *extra):
+        return run_args(dirs, corpus, out, "--max_steps", "4", "--save_steps", "2", "--eval_steps", "4", *extra)
+    assert_resume_matches(run_electra_flax.main, args_for, monkeypatch, tmp_path, steps=4, crash_step=2)
+    out = tmp_path / "straight"
+    train_rows, eval_rows = read_metrics(out), read_metrics(out, "eval")
+    assert [r["step"] for r in eval_rows] == [4]
+    for r in train_rows + eval_rows:
+        assert r["loss"] == pytest.approx(r["generator_loss"] + 50 * r["discriminator_loss"], rel=1e-5)
+        assert 0 < r["replaced"] <= 1 and 0 <= r["discriminator_accuracy"] <= 1 and 0 <= r["generator_accuracy"] <= 1
+    assert all(0 < r["mfu"] < 1 for r in train_rows[1:])
+    assert "perplexity" not in eval_rows[0]
+
+    ids = np.random.default_rng(0).integers(5, 300, (2, 12))
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0
+    for path, load, hf_class in ((out, lambda p: load_for_task(p, DISCRIMINATOR), ElectraForPreTraining),
+                                 (out / "generator", load_pretrained, ElectraForMaskedLM)):
+        _, ours = load(str(path))
+        with torch.no_grad():
+            expected = hf_class.from_pretrained(path).eval()(torch.tensor(ids), attention_mask=torch.tensor(mask))
+        np.testing.assert_allclose(np.asarray(ours(ids, mask))[mask > 0], expected.logits.numpy()[mask > 0],
+                                   atol=1e-4)
+        assert (path / "tokenizer.json").exists()
+    word = "electra.embeddings.word_embeddings.weight"
+    np.testing.assert_array_equal(read_safetensors(str(out))[word], read_safetensors(str(out / "generator"))[word])
