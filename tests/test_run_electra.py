@@ -164,3 +164,30 @@ def test_run_trains_resumes_and_exports_both_models(dirs, corpus, tmp_path, monk
         assert (path / "tokenizer.json").exists()
     word = "electra.embeddings.word_embeddings.weight"
     np.testing.assert_array_equal(read_safetensors(str(out))[word], read_safetensors(str(out / "generator"))[word])
+
+
+def _config_copy(src, tmp_path, name, **changes):
+    """A copy of the config directory src with config.json changed."""
+    d = tmp_path / name
+    shutil.copytree(src, d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **changes}))
+    return str(d)
+
+
+def test_bad_pairs_are_one_line_user_errors(dirs, corpus, tmp_path):
+    gen, disc = dirs
+    for name, changes, match in (("wide", {"hidden_size": 128, "intermediate_size": 256}, "generator .* is wider"),
+                                 ("vocab", {"vocab_size": 400}, "vocab_size 400 differs"),
+                                 ("emb", {"embedding_size": 32}, "embedding_size 32 differs")):
+        bad = _config_copy(gen, tmp_path, name, **changes)
+        argv = run_helpers.run_args(disc, corpus, tmp_path / name / "out", "--generator_config_name", bad)
+        expect_user_error(run_electra_flax.main, argv, match)
+    expect_user_error(run_electra_flax.main, run_helpers.run_args(disc, corpus, tmp_path / "none"), "no generator given")
+    expect_user_error(run_electra_flax.main,
+                      run_helpers.run_args(gen, corpus, tmp_path / "bert_out", "--generator_config_name",
+                                           _config_copy(gen, tmp_path, "bert", model_type="bert")),
+                      "two ELECTRA configs")
+    done = run_helpers.run_script("run_electra_flax.py", run_helpers.run_args(
+        disc, corpus, tmp_path / "cli_out", "--generator_config_name", _config_copy(gen, tmp_path, "cli", hidden_size=128)))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
