@@ -191,3 +191,19 @@ def test_bad_pairs_are_one_line_user_errors(dirs, corpus, tmp_path):
     done = run_helpers.run_script("run_electra_flax.py", run_helpers.run_args(
         disc, corpus, tmp_path / "cli_out", "--generator_config_name", _config_copy(gen, tmp_path, "cli", hidden_size=128)))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_train_flops_are_the_compiled_steps_matmuls(pair):
+    """The analytic FLOPs (generator + discriminator) equal the matmuls of the compiled train step, but for the
+    discriminator's last gradient, an outer product (one logit per token) that XLA computes without a dot."""
+    from bench.hlo_dots import dots_per_run
+    from flaxlm.training.train_step import make_train_step
+    objective, params = _objective(pair)
+    batch = {k: jnp.asarray(v) for k, v in _batch(pair[4]).items()}
+    tx = optax.sgd(0.1)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    compiled = jax.jit(make_train_step(objective.loss_sums, tx, 1)).lower(state, batch, jax.random.PRNGKey(0))
+    dots, unknown = dots_per_run(compiled.compile().as_text())
+    B, L = batch["input_ids"].shape
+    outer = B * L * 2 * pair[2].hidden_size  # d(loss)/d(hidden) of the one-logit head
+    assert unknown == [] and sum(d.flops * d.count for d in dots) + outer == objective.flops_per_example * B
