@@ -59,7 +59,8 @@ def main(argv=None):
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, disc_config)
     masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
     (gen_graphdef, gen_params), (disc_graphdef, disc_params) = split_model(generator), split_model(discriminator)
-    params = join_params(gen_params, disc_params)  # one pytree; the discriminator's embeddings shared
+    params = join_params(gen_params, disc_params, electra_args.embedding_sharing,  # one pytree
+                         new_discriminator=not model_args.model_name_or_path)
 
     # Devices and batch sizes.
     mesh = meshlib.make_mesh()

@@ -48,11 +48,19 @@ def pair(dirs):
     return gen_config, generator, disc_config, discriminator, masker
 
 
-def _objective(pair, weight=50.0, temperature=1.0):
+def _objective(pair, weight=50.0, temperature=1.0, sharing="shared"):
     gen_config, generator, disc_config, discriminator, masker = pair
     (gen_graphdef, gen_params), (disc_graphdef, disc_params) = split_model(generator), split_model(discriminator)
     objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, 16, weight, temperature)
-    return objective, join_params(gen_params, disc_params)
+    return objective, join_params(gen_params, disc_params, sharing, new_discriminator=True)
+
+
+def _sgd_step(objective, params, batch):
+    """The params after one train step of plain gradient descent (learning rate 1)."""
+    from flaxlm.training.train_step import make_train_step
+    tx = optax.sgd(1.0)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    return jax.jit(make_train_step(objective.loss_sums, tx, 1))(state, batch, jax.random.PRNGKey(0))[0]["params"]
 
 
 def _batch(masker):
@@ -105,7 +113,6 @@ def test_shared_embeddings_are_one_tensor(pair):
     (before their projections) alike, and both models' losses reach it."""
     from flaxlm.models import merge_model
     from flaxlm.models.bert import Embeddings
-    from flaxlm.training.train_step import make_train_step
     objective, params = _objective(pair)
     V, E = pair[0].vocab_size, pair[0].embedding_size
     assert sum(x.shape == (V, E) for x in jax.tree.leaves(params)) == 1  # one word table in the train state
@@ -120,14 +127,29 @@ def test_shared_embeddings_are_one_tensor(pair):
     steps = {}
     for weight in (0.0, 50.0):  # the generator's loss alone, then both
         objective, params = _objective(pair, weight=weight)
-        tx = optax.sgd(1.0)
-        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-        new, _ = jax.jit(make_train_step(objective.loss_sums, tx, 1))(state, batch, jax.random.PRNGKey(0))
-        moved = {name: embedded(new["params"], name, g) - embedded(params, name, g) for name, g in graphdefs.items()}
+        new = _sgd_step(objective, params, batch)
+        moved = {name: embedded(new, name, g) - embedded(params, name, g) for name, g in graphdefs.items()}
         np.testing.assert_array_equal(moved["generator"], moved["discriminator"])
         assert np.abs(moved["generator"]).max() > 1e-4
-        steps[weight] = new["params"]["embeddings"]["word"]["embedding"]
+        steps[weight] = new["embeddings"]["word"]["embedding"]
     assert not np.allclose(steps[0.0], steps[50.0])  # the discriminator's loss moves them too
+
+
+def test_gdes_sharing_keeps_the_discriminators_loss_off_the_generators_embeddings(pair):
+    """--embedding_sharing gdes: the discriminator's embeddings start as the generator's (a zero delta); its loss
+    moves only its delta, the generator's loss only the shared set."""
+    batch = {k: jnp.asarray(v) for k, v in _batch(pair[4]).items()}
+    new = {}
+    for weight in (0.0, 50.0):
+        objective, params = _objective(pair, weight=weight, sharing="gdes")
+        for k, v in model_params(params, "generator")["embeddings"].items():
+            if k != "project":
+                jax.tree.map(np.testing.assert_array_equal, model_params(params, "discriminator")["embeddings"][k], v)
+        new[weight] = _sgd_step(objective, params, batch)
+    delta = new[50.0]["discriminator"]["embeddings_delta"]["word"]["embedding"]
+    np.testing.assert_array_equal(new[0.0]["discriminator"]["embeddings_delta"]["word"]["embedding"], 0.0)
+    assert np.abs(delta).max() > 1e-4
+    jax.tree.map(np.testing.assert_allclose, new[0.0]["embeddings"], new[50.0]["embeddings"])
 
 
 def test_run_trains_resumes_and_exports_both_models(dirs, corpus, tmp_path, monkeypatch):

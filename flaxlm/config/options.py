@@ -143,6 +143,10 @@ class ElectraArgs:
     sampling_temperature: float = option(1.0, minimum=1e-6, key="task.objective.sampling_temperature",
                                          help="temperature of the generator's softmax that replacements are "
                                               "sampled from")
+    embedding_sharing: str = option("shared", choices=("shared", "gdes"), key="task.objective.embedding_sharing",
+                                    help="shared: one set of embeddings trained by both models (ELECTRA); gdes: the "
+                                         "generator's, which the discriminator's loss does not reach, plus a delta "
+                                         "of the discriminator's own (DeBERTa-v3)")
 
 
 @dataclass

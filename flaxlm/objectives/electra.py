@@ -4,7 +4,7 @@ replaced; the two are trained together, sharing one set of embeddings.
 
     params = join_params(generator_params, discriminator_params)     # one pytree: the train state's params
     objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, seq_len)
-    model_params(params, "discriminator")                              # a model's own params (export)
+    model_params(params, "discriminator")                              # one model's whole params (export)
 
 loss = the generator's MLM loss (mean over the masked slots) + discriminator_weight x the discriminator's binary
 loss (mean over the real tokens). A sampled token equal to the original counts as original. Sampling is
@@ -12,7 +12,8 @@ stop-gradient (the generator learns from its MLM loss only).
 
 Shared embeddings: the word, position and token-type tables and their LayerNorm (EMBEDDINGS) are one set of params
 under params["embeddings"], used by both models; each keeps its own embeddings projection (to its hidden_size).
-Another way of sharing (DeBERTa-v3's gradient-disentangled one) is a different model_params.
+With --embedding_sharing gdes (DeBERTa-v3's gradient-disentangled sharing) the set is the generator's and the
+discriminator adds a delta of its own, its loss not reaching the set (join_params).
 
 The loop divides every sum by the count of masked slots ("weight_sum"); the discriminator's sums are scaled by the
 ratio of masked slots to real tokens of the batch piece, so that they come out as means per real token: exact when
@@ -53,17 +54,32 @@ def _without_shared(params):
     return {**params, "embeddings": {k: v for k, v in params["embeddings"].items() if k not in EMBEDDINGS}}
 
 
-def join_params(generator, discriminator):
-    """The train state's params: the discriminator's embeddings (EMBEDDINGS) as the shared set, and each model's
-    other params."""
-    return {"embeddings": {k: discriminator["embeddings"][k] for k in EMBEDDINGS},
-            "generator": _without_shared(generator), "discriminator": _without_shared(discriminator)}
+def join_params(generator, discriminator, sharing="shared", new_discriminator=False):
+    """The train state's params: a shared set of embeddings (EMBEDDINGS) and each model's other params.
+
+    sharing "shared" (ELECTRA): the discriminator's embeddings are the set, trained by both losses. "gdes"
+    (DeBERTa-v3's gradient-disentangled sharing): the generator's are the set, trained by its loss only; the
+    discriminator's are stop_gradient(set) + its own delta ("embeddings_delta"), its embeddings minus the
+    generator's: zero when the discriminator is new (new_discriminator), as the paper starts it."""
+    disc_own = _without_shared(discriminator)
+    if sharing == "shared":
+        return {"embeddings": {k: discriminator["embeddings"][k] for k in EMBEDDINGS},
+                "generator": _without_shared(generator), "discriminator": disc_own}
+    shared = {k: generator["embeddings"][k] for k in EMBEDDINGS}
+    delta = jax.tree.map(lambda d, g: jnp.zeros_like(g) if new_discriminator else d - g,
+                         {k: discriminator["embeddings"][k] for k in EMBEDDINGS}, shared)
+    return {"embeddings": shared, "generator": _without_shared(generator),
+            "discriminator": {**disc_own, "embeddings_delta": delta}}
 
 
 def model_params(params, name):
-    """The whole params of model `name` ("generator" or "discriminator"): its own and the shared embeddings."""
-    own = params[name]
-    return {**own, "embeddings": {**own["embeddings"], **params["embeddings"]}}
+    """The whole params of model `name` ("generator" or "discriminator"): its own and the shared embeddings (with
+    gdes sharing, the discriminator's are stop_gradient(shared) + its delta)."""
+    own, shared = dict(params[name]), params["embeddings"]
+    delta = own.pop("embeddings_delta", None)
+    if delta is not None:
+        shared = jax.tree.map(lambda s, d: jax.lax.stop_gradient(s) + d, shared, delta)
+    return {**own, "embeddings": {**own["embeddings"], **shared}}
 
 
 def _put(ids_BL, positions_BP, values_BP, weights_BP):
