@@ -141,6 +141,25 @@ class MaskedLMArgs:
 
 
 @dataclass
+class ElectraArgs:
+    """run_electra_flax.py's generator (the discriminator is --config_name / --model_name_or_path) and loss."""
+    generator_config_name: str | None = option(key="task.model.generator_config_name",
+                                               help="directory holding the generator's config.json (ELECTRA; at most "
+                                                    "as wide as the discriminator, same vocabulary and embedding size)")
+    generator_name_or_path: str | None = option(key="task.model.generator_name_or_path",
+                                                help="generator (ElectraForMaskedLM) directory to continue")
+    discriminator_weight: float = option(50.0, minimum=0, key="task.objective.discriminator_weight",
+                                         help="weight of the discriminator's loss (the ELECTRA paper's 50)")
+    sampling_temperature: float = option(1.0, minimum=1e-6, key="task.objective.sampling_temperature",
+                                         help="temperature of the generator's softmax that replacements are "
+                                              "sampled from")
+    embedding_sharing: str = option("shared", choices=("shared", "gdes"), key="task.objective.embedding_sharing",
+                                    help="shared: one set of embeddings trained by both models (ELECTRA); gdes: the "
+                                         "generator's, which the discriminator's loss does not reach, plus a delta "
+                                         "of the discriminator's own (DeBERTa-v3)")
+
+
+@dataclass
 class SpanCorruptionArgs:
     mean_noise_span_length: float | None = option(key="task.objective.mean_noise_span_length",
                                                   help="T5 span corruption: mean length of a corrupted span "

@@ -64,7 +64,7 @@ def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed, predi
     out = {k.removesuffix("_sum"): float(v) / count for k, v in totals.items() if k != "weight_sum"}
     if objective.metrics is not None:
         out.update(objective.metrics(_concat(outputs)))
-    else:
+    elif objective.perplexity:
         out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
     out["target_tokens"] = int(totals["weight_sum"])
     return out

@@ -22,12 +22,29 @@ def encoder_mlm_train_flops(config, batch, seq_len, num_predictions):
     and head embedding_size wide, projected to and from hidden_size."""
     d, f, n, p = config.hidden_size, config.intermediate_size, config.num_hidden_layers, num_predictions
     e = getattr(config, "embedding_size", None) or d
-    full_layer = seq_len * (8 * d * d + 4 * d * f + 4 * seq_len * d)  # qkv+out, mlp, scores+weighted sum
+    full_layer = _encoder_layer_flops(config, seq_len)
     last_layer = seq_len * 4 * d * d + p * (4 * d * d + 4 * d * f + 4 * seq_len * d)
     head = p * (2 * d * e + 2 * e * config.vocab_size)
     project = seq_len * 2 * e * d if e != d else 0
     encoder = (n - 1) * full_layer + last_layer if n else 0
     return 3 * batch * (project + encoder + head)
+
+
+def _encoder_layer_flops(config, seq_len):
+    """Forward FLOPs of one encoder layer over seq_len tokens: q, k, v, out; the MLP; scores and weighted sum."""
+    d, f = config.hidden_size, config.intermediate_size
+    return seq_len * (8 * d * d + 4 * d * f + 4 * seq_len * d)
+
+
+def electra_train_flops(generator, discriminator, seq_len, num_predictions):
+    """FLOPs of one ELECTRA train step per row: the generator's masked-LM step (encoder_mlm_train_flops) and the
+    discriminator's over every token: embeddings projected when embedding_size != hidden_size, every layer in
+    full, its head (dense hidden -> hidden, then one logit)."""
+    d, e = discriminator.hidden_size, discriminator.embedding_size
+    project = seq_len * 2 * e * d if e != d else 0
+    head = seq_len * (2 * d * d + 2 * d)
+    encoder = discriminator.num_hidden_layers * _encoder_layer_flops(discriminator, seq_len)
+    return encoder_mlm_train_flops(generator, 1, seq_len, num_predictions) + 3 * (project + encoder + head)
 
 
 def encoder_decoder_train_flops(config, batch, inputs_length, targets_length):

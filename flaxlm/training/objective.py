@@ -26,6 +26,7 @@ class Objective:
     # With metrics set, an evaluation reports the loss sums' metrics plus these (and no perplexity).
     predict: Optional[Callable] = None
     metrics: Optional[Callable] = None
+    perplexity: bool = True  # an evaluation without `metrics` reports exp(loss); False where loss is no LM loss
 
 
 def collate_rng(seed, split, index):

@@ -1,0 +1,139 @@
+"""ELECTRA's objective (Clark et al. 2020, replaced-token detection): a small masked-LM generator fills the masked
+slots with tokens sampled from its softmax, and the discriminator tells for every real token whether it was
+replaced; the two are trained together, sharing one set of embeddings.
+
+    params = join_params(generator_params, discriminator_params)     # one pytree: the train state's params
+    objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, seq_len)
+    model_params(params, "discriminator")                              # one model's whole params (export)
+
+loss = the generator's MLM loss (mean over the masked slots) + discriminator_weight x the discriminator's binary
+loss (mean over the real tokens). A sampled token equal to the original counts as original. Sampling is
+stop-gradient (the generator learns from its MLM loss only).
+
+Shared embeddings: the word, position and token-type tables and their LayerNorm (EMBEDDINGS) are one set of params
+under params["embeddings"], used by both models; each keeps its own embeddings projection (to its hidden_size).
+With --embedding_sharing gdes (DeBERTa-v3's gradient-disentangled sharing) the set is the generator's and the
+discriminator adds a delta of its own, its loss not reaching the set (join_params).
+
+The loop divides every sum by the count of masked slots ("weight_sum"); the discriminator's sums are scaled by the
+ratio of masked slots to real tokens of the batch piece, so that they come out as means per real token: exact when
+a step is one piece, otherwise a mean of the pieces' means weighted by their masked slots.
+"""
+import jax
+import jax.numpy as jnp
+import optax
+
+from flaxlm.errors import UserError
+from flaxlm.models import merge_model
+from flaxlm.training.flops import electra_train_flops
+from flaxlm.training.objective import Objective
+
+EMBEDDINGS = ("word", "position", "token_type", "norm")  # shared; "project" is each model's own
+MODELS = ("generator", "discriminator")
+
+
+def check_pair(generator, discriminator):
+    """UserError unless the generator's config (ELECTRA, at most as wide as the discriminator) can share the
+    discriminator's embeddings: the same vocabulary, embedding size, positions and token types."""
+    if generator.model_type != "electra" or discriminator.model_type != "electra":
+        raise UserError(f"ELECTRA pretraining needs two ELECTRA configs (model_type electra), got a "
+                        f"{generator.model_type} generator and a {discriminator.model_type} discriminator; write them "
+                        f"with create_config.py --preset electra-small-generator / electra-small-discriminator")
+    for name in ("vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size"):
+        if getattr(generator, name) != getattr(discriminator, name):
+            raise UserError(f"the generator's {name} {getattr(generator, name)} differs from the discriminator's "
+                            f"{getattr(discriminator, name)}, so they cannot share embeddings; make them equal in "
+                            f"the generator's config.json")
+    if generator.hidden_size > discriminator.hidden_size:
+        raise UserError(f"the generator (hidden_size {generator.hidden_size}) is wider than the discriminator "
+                        f"({discriminator.hidden_size}); ELECTRA's generator is smaller (a quarter to a half as "
+                        f"wide): pick a narrower generator config")
+
+
+def _without_shared(params):
+    return {**params, "embeddings": {k: v for k, v in params["embeddings"].items() if k not in EMBEDDINGS}}
+
+
+def join_params(generator, discriminator, sharing="shared", new_discriminator=False):
+    """The train state's params: a shared set of embeddings (EMBEDDINGS) and each model's other params.
+
+    sharing "shared" (ELECTRA): the discriminator's embeddings are the set, trained by both losses. "gdes"
+    (DeBERTa-v3's gradient-disentangled sharing): the generator's are the set, trained by its loss only; the
+    discriminator's are stop_gradient(set) + its own delta ("embeddings_delta"), its embeddings minus the
+    generator's: zero when the discriminator is new (new_discriminator), as the paper starts it."""
+    disc_own = _without_shared(discriminator)
+    if sharing == "shared":
+        return {"embeddings": {k: discriminator["embeddings"][k] for k in EMBEDDINGS},
+                "generator": _without_shared(generator), "discriminator": disc_own}
+    shared = {k: generator["embeddings"][k] for k in EMBEDDINGS}
+    delta = jax.tree.map(lambda d, g: jnp.zeros_like(g) if new_discriminator else d - g,
+                         {k: discriminator["embeddings"][k] for k in EMBEDDINGS}, shared)
+    return {"embeddings": shared, "generator": _without_shared(generator),
+            "discriminator": {**disc_own, "embeddings_delta": delta}}
+
+
+def model_params(params, name):
+    """The whole params of model `name` ("generator" or "discriminator"): its own and the shared embeddings (with
+    gdes sharing, the discriminator's are stop_gradient(shared) + its delta)."""
+    own, shared = dict(params[name]), params["embeddings"]
+    delta = own.pop("embeddings_delta", None)
+    if delta is not None:
+        shared = jax.tree.map(lambda s, d: jax.lax.stop_gradient(s) + d, shared, delta)
+    return {**own, "embeddings": {**own["embeddings"], **shared}}
+
+
+def _put(ids_BL, positions_BP, values_BP, weights_BP):
+    """ids_BL with values_BP written at the masked slots (empty slots, weight 0, write nothing)."""
+    B, L = ids_BL.shape
+    pos_BP = jnp.where(weights_BP > 0, positions_BP, L)  # out of range: dropped
+    return ids_BL.at[jnp.arange(B)[:, None], pos_BP].set(values_BP.astype(ids_BL.dtype), mode="drop")
+
+
+def electra_sums(gen_logits_BPV, sample_BP, corrupted_BL, disc_logits_BL, batch, real_BL, discriminator_weight):
+    """The loss sums of one batch piece from the generator's logits at the masked slots, its samples there, the
+    rows they corrupt and the discriminator's logits on those; real_BL: the tokens the discriminator is judged on."""
+    labels_BP, w_BP = batch["masked_labels"], batch["masked_weights"]
+    xent_BP = optax.softmax_cross_entropy_with_integer_labels(gen_logits_BPV, labels_BP)
+    label_logit_BP = jnp.take_along_axis(gen_logits_BPV, labels_BP[..., None], axis=-1)[..., 0]
+    gen_correct_BP = label_logit_BP >= gen_logits_BPV.max(-1)  # an exact tie counts, as in lm_loss
+    original_BL = _put(batch["input_ids"], batch["masked_positions"], labels_BP, w_BP)
+    replaced_BL = corrupted_BL != original_BL
+    bce_BL = optax.sigmoid_binary_cross_entropy(disc_logits_BL, replaced_BL.astype(jnp.float32))
+    disc_correct_BL = (disc_logits_BL > 0) == replaced_BL
+    n_masked, real_BL = w_BP.sum(), real_BL.astype(jnp.float32)
+    per_real = n_masked / jnp.maximum(real_BL.sum(), 1.0)  # sums per real token, counted per masked slot
+    sums = {"generator_loss_sum": (xent_BP * w_BP).sum(),
+            "generator_accuracy_sum": (gen_correct_BP * w_BP).sum(),
+            "discriminator_loss_sum": (bce_BL * real_BL).sum() * per_real,
+            "discriminator_accuracy_sum": (disc_correct_BL * real_BL).sum() * per_real,
+            "replaced_sum": ((sample_BP != labels_BP) * w_BP).sum(),
+            "weight_sum": n_masked}
+    sums["loss_sum"] = sums["generator_loss_sum"] + discriminator_weight * sums["discriminator_loss_sum"]
+    return sums
+
+
+def electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, seq_len,
+                      discriminator_weight=50.0, temperature=1.0):
+    """Objective for run_electra_flax: one step trains the generator and the discriminator on params
+    join_params made. Evaluation (dropout_key None) samples with a fixed key."""
+    def loss_sums(params, batch, dropout_key):
+        key = jax.random.PRNGKey(0) if dropout_key is None else dropout_key
+        gen_key, sample_key, disc_key = (jax.random.fold_in(key, i) for i in range(3))
+        if dropout_key is None:
+            gen_key = disc_key = None
+        packed = {"segment_ids_BL": batch["segment_ids"]} if "segment_ids" in batch else {}
+        generator = merge_model(gen_graphdef, model_params(params, "generator"))
+        gen_logits_BPV = generator(batch["input_ids"], batch["attention_mask"],
+                                   masked_positions_BP=batch["masked_positions"], dropout_key=gen_key, **packed)
+        sample_BP = jax.random.categorical(sample_key, jax.lax.stop_gradient(gen_logits_BPV) / temperature)
+        sample_BP = jnp.where(batch["masked_weights"] > 0, sample_BP, batch["masked_labels"])
+        corrupted_BL = _put(batch["input_ids"], batch["masked_positions"], sample_BP, batch["masked_weights"])
+        discriminator = merge_model(disc_graphdef, model_params(params, "discriminator"))
+        disc_logits_BL = discriminator(corrupted_BL, batch["attention_mask"], dropout_key=disc_key, **packed)
+        real_BL = batch["segment_ids"] > 0 if packed else batch["attention_mask"] > 0
+        return electra_sums(gen_logits_BPV, sample_BP, corrupted_BL, disc_logits_BL, batch, real_BL,
+                            discriminator_weight)
+
+    return Objective(loss_sums=loss_sums, collate=masker, pad_id=masker.pad_token_id, weights_key="masked_weights",
+                     flops_per_example=electra_train_flops(gen_config, disc_config, seq_len, masker.num_predictions),
+                     tokens_per_example=seq_len, perplexity=False)
