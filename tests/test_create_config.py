@@ -234,8 +234,11 @@ def test_bad_overrides(overrides, pattern):
 
 
 def test_unknown_preset_lists_presets():
-    with pytest.raises(UserError, match="unknown preset 'roberta-huge'.*roberta-base.*bert-tiny"):
+    with pytest.raises(UserError, match="unknown preset 'roberta-huge'; did you mean roberta-.*roberta presets: "
+                                        "roberta-base, .*roberta-tiny; create_config.py --list_presets lists all"):
         build_config("roberta-huge")
+    with pytest.raises(UserError, match="unknown preset 'zzz'; presets exist for roberta, bert, t5, .*electra"):
+        build_config("zzz")
 
 
 def test_script_writes_config(tmp_path):

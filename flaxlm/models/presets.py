@@ -22,11 +22,17 @@ _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")  # 1e-5: a string t
 
 
 def get_preset(name):
-    """The preset dict (a copy) for name; UserError listing the presets when unknown."""
+    """The preset dict (a copy) for name; UserError naming the closest preset and its family's presets (or the
+    families that have presets) when unknown."""
     if name not in PRESETS:
         near = difflib.get_close_matches(str(name), list(PRESETS), n=1)
-        hint = f"did you mean {near[0]}? " if near else ""
-        raise UserError(f"unknown preset '{name}'; {hint}presets: {', '.join(PRESETS)}")
+        if near:
+            model_type = PRESETS[near[0]]["model_type"]
+            same = [p for p, fields in PRESETS.items() if fields["model_type"] == model_type]
+            hint = f"did you mean {near[0]}? {model_type} presets: {', '.join(same)}"
+        else:
+            hint = f"presets exist for {', '.join(dict.fromkeys(f['model_type'] for f in PRESETS.values()))}"
+        raise UserError(f"unknown preset '{name}'; {hint}; create_config.py --list_presets lists all {len(PRESETS)}")
     return dict(PRESETS[name])
 
 
