@@ -1,17 +1,21 @@
 #!/usr/bin/env python
 """ELECTRA pretraining (replaced-token detection) in JAX/Flax: a small generator and the discriminator, trained
-together on one loss and sharing their embeddings (flaxlm.objectives.electra).
+together on one loss and sharing their embeddings (flaxlm.objectives.electra). The same script trains DeBERTa-v3
+(deberta-v2 configs: a generator as wide as the discriminator and half as deep; --embedding_sharing gdes is the
+DeBERTa-v3 paper's gradient-disentangled sharing).
 
 Pipeline: options -> output directory -> tokenizer and the two models (new from --generator_config_name and
 --config_name, or continued from --generator_name_or_path and --model_name_or_path) -> text -> fixed-length token
 rows -> BERT masking -> training over all devices (generator MLM loss + --discriminator_weight x discriminator
-loss) with evaluation and checkpoints -> export in Hugging Face format: the discriminator (ElectraForPreTraining,
-the model to fine-tune) to --output_dir, the generator (ElectraForMaskedLM) to --output_dir/generator.
+loss) with evaluation and checkpoints -> export in Hugging Face format: the discriminator (ElectraForPreTraining;
+DeBERTa: the encoder DebertaV2Model loads and its mask_predictions.* head) to --output_dir, the model to fine-tune,
+and the generator (ElectraForMaskedLM / DebertaV2ForMaskedLM) to --output_dir/generator.
 
     python create_config.py --preset electra-small-generator --output_dir gen
     python create_config.py --preset electra-small-discriminator --output_dir disc
     python run_electra_flax.py --output_dir runs/x --config_name disc --generator_config_name gen \
         --tokenizer_name disc --train_file train.txt --validation_file valid.txt --max_seq_length 128 --max_steps 1000
+    (DeBERTa-v3: --preset deberta-v3-small-generator and deberta-v3-small, and --embedding_sharing gdes)
 """
 import os
 import sys
@@ -34,8 +38,8 @@ def main(argv=None):
     from flaxlm.data.text import load_raw_text
     from flaxlm.data.mlm_masking import MLMMasker
     from flaxlm.errors import UserError
-    from flaxlm.models import load_config, split_model
-    from flaxlm.models.electra import DISCRIMINATOR
+    from flaxlm.models import family_of, load_config, split_model
+    from flaxlm.models.family import REPLACED_TOKEN_DETECTION as DISCRIMINATOR
     from flaxlm.objectives.electra import check_pair, electra_objective, join_params, model_params
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
@@ -51,7 +55,7 @@ def main(argv=None):
         raise UserError("no generator given; pass --generator_config_name DIR (write one with create_config.py "
                         "--preset electra-small-generator) or --generator_name_or_path DIR to continue one")
     disc_config, discriminator = load_model(model_args, seed=args.seed, task=DISCRIMINATOR)
-    check_pair(load_config(gen_args.model_name_or_path or gen_args.config_name), disc_config)
+    shared = check_pair(load_config(gen_args.model_name_or_path or gen_args.config_name), disc_config)
     gen_config, generator = load_model(gen_args, seed=args.seed + 1, script="run_mlm_flax.py")
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
@@ -60,7 +64,7 @@ def main(argv=None):
     masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
     (gen_graphdef, gen_params), (disc_graphdef, disc_params) = split_model(generator), split_model(discriminator)
     params = join_params(gen_params, disc_params, electra_args.embedding_sharing,  # one pytree
-                         new_discriminator=not model_args.model_name_or_path)
+                         new_discriminator=not model_args.model_name_or_path, shared=shared)
 
     # Devices and batch sizes.
     mesh = meshlib.make_mesh()
@@ -86,10 +90,11 @@ def main(argv=None):
     # Export in Hugging Face format: the generator under generator/, then the discriminator (and --push_to_hub).
     if params is not None:  # None: an evaluation job (--eval_checkpoints) exports nothing
         gen_out = dataclasses.replace(args, output_dir=os.path.join(args.output_dir, "generator"), push_to_hub=False)
+        family = family_of(disc_config)
         export(gen_out, model_args, gen_config, model_params(params, "generator"), tokenizer,
-               "transformers.ElectraForMaskedLM")
+               f"transformers.{family.architecture}")
         export(args, model_args, disc_config, model_params(params, "discriminator"), tokenizer,
-               "transformers.ElectraForPreTraining")
+               f"transformers.{family.heads[DISCRIMINATOR].architecture}")
 
 
 if __name__ == "__main__":

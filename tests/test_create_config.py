@@ -196,6 +196,16 @@ def test_vocab_and_special_ids_from_tokenizer(tmp_path):
     bert_tok.bos_token = bert_tok.eos_token = None  # as in a BERT tokenizer: only pad matters
     config = build_config("bert-tiny", bert_tok)
     assert config.vocab_size == 45 and config.pad_token_id == 1 and config.bos_token_id is None
+    # a RoBERTa preset (bos 0, eos 2) on it: the ids of its [CLS] and [SEP] where the tokenizer names them, not
+    # those of [CLS] and [SEP]'s neighbours
+    assert build_config("roberta-tiny", bert_tok).eos_token_id is None
+    bert_tok.cls_token, bert_tok.sep_token = "[CLS]", "[SEP]"
+    bert_tok.pad_token = "[PAD]"
+    config = build_config("roberta-tiny", bert_tok)
+    assert (config.bos_token_id, config.pad_token_id, config.eos_token_id) == (0, 1, 2)
+    bert_tok.cls_token, bert_tok.sep_token = "[SEP]", "[CLS]"  # ids 2 and 0: not the preset's
+    config = build_config("roberta-tiny", bert_tok)
+    assert (config.bos_token_id, config.eos_token_id) == (2, 0)
 
 
 def test_overrides_are_typed():

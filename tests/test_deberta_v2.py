@@ -110,8 +110,55 @@ def test_fine_tuning_heads_both_ways(tmp_path, task):
                  mask)
 
 
+def microsoft_rtd_logits(encoder, path, ids, mask):
+    """The replaced-token-detection logits [B, L] of Microsoft's DeBERTa code (its mask_predictions head, as
+    checkpoint `path` holds it) on the output of transformers' DebertaV2Model `encoder`."""
+    from flaxlm.models.hf_io import read_safetensors
+    t = {k: torch.tensor(np.asarray(v)) for k, v in read_safetensors(str(path)).items()
+         if k.startswith("mask_predictions.")}
+    with torch.no_grad():
+        h = encoder.eval()(torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
+        x = torch.nn.functional.layer_norm(h[:, :1] + h, h.shape[-1:], t["mask_predictions.LayerNorm.weight"],
+                                           t["mask_predictions.LayerNorm.bias"], encoder.config.layer_norm_eps)
+        x = torch.nn.functional.gelu(x @ t["mask_predictions.dense.weight"].T + t["mask_predictions.dense.bias"])
+        return (x @ t["mask_predictions.classifier.weight"].T + t["mask_predictions.classifier.bias"])[..., 0].numpy()
+
+
+def test_a_v3_checkpoint_with_its_replaced_token_head_loads_as_the_discriminator(tmp_path):
+    """A DeBERTa-v3 checkpoint as Microsoft's code saves it (the encoder, its MLM head under lm_predictions.*, the
+    replaced-token-detection head under mask_predictions.*) loads as run_electra_flax.py's discriminator with the
+    logits of that head on transformers' encoder; the MLM head is dropped with a note; ours saves back the
+    same tensors but the MLM head."""
+    from safetensors.numpy import save_file
+    from flaxlm.models.family import REPLACED_TOKEN_DETECTION
+    config = V3.config()
+    torch.manual_seed(0)
+    hf = add_noise(transformers.DebertaV2ForMaskedLM(V3.config(legacy=False)), V3.std).eval()
+    rng = np.random.default_rng(0)
+    D = config.hidden_size
+    head = {"mask_predictions.dense.weight": rng.normal(0, 0.2, (D, D)), "mask_predictions.dense.bias":
+            rng.normal(0, 0.2, D), "mask_predictions.LayerNorm.weight": 1 + rng.normal(0, 0.2, D),
+            "mask_predictions.LayerNorm.bias": rng.normal(0, 0.2, D),
+            "mask_predictions.classifier.weight": rng.normal(0, 0.2, (1, D)),
+            "mask_predictions.classifier.bias": rng.normal(0, 0.2, 1)}
+    tensors = {**{k: v.numpy() for k, v in hf.state_dict().items()},
+               **{k: v.astype(np.float32) for k, v in head.items()}}
+    (tmp_path / "ms").mkdir()
+    save_file(tensors, str(tmp_path / "ms" / "model.safetensors"))
+    config.save_pretrained(tmp_path / "ms")
+    _, ours = models.load_for_task(tmp_path / "ms", REPLACED_TOKEN_DETECTION)
+    b = batch(V3)
+    ids, mask, _ = b.args
+    expected = microsoft_rtd_logits(hf.deberta, tmp_path / "ms", ids, mask)
+    assert_close_at_real(ours(jnp.asarray(ids), jnp.asarray(mask)), expected, b.real_BL, 1e-4)
+    models.save_pretrained(tmp_path / "ours", config, models.split_model(ours)[1])
+    from flaxlm.models.hf_io import read_safetensors
+    saved = read_safetensors(str(tmp_path / "ours"))
+    assert set(saved) == {k for k in tensors if not k.startswith("lm_predictions.")}
+
+
 @pytest.mark.parametrize("preset", ["deberta-v3-xsmall", "deberta-v3-small", "deberta-v3-base", "deberta-v3-large",
-                                    "deberta-v3-tiny"])
+                                    "deberta-v3-tiny", "deberta-v3-small-generator", "deberta-v3-base-generator"])
 def test_presets_have_the_parameters_transformers_builds(preset):
     config = build_config(preset)
     with torch.device("meta"):

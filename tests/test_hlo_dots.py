@@ -6,6 +6,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -64,3 +65,45 @@ def test_matmul_floor_reports_the_step_against_its_matmuls(capsys):
     ratio = float(out.split("step / matmuls alone:")[1].split()[0])
     assert ratio > 0
     assert "GFLOP/s" in out and "batched (attention)" in out
+
+
+def _train_step_dots(loss_sums, params, batch):
+    """(the compiled train step's matmul FLOPs, matmuls of unknown count) for one SGD step on `batch`."""
+    import optax
+    from flaxlm.training.train_step import make_train_step
+    tx = optax.sgd(0.1)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    compiled = jax.jit(make_train_step(loss_sums, tx, 1)).lower(state, batch, jax.random.PRNGKey(0)).compile()
+    dots, unknown = dots_per_run(compiled.as_text())
+    return sum(d.flops * d.count for d in dots), unknown
+
+
+def _relative_table_flops(config):
+    """DeBERTa's per-step FLOPs that flops.py leaves out: each layer's projections of the relative-position
+    table (forward and the two gradients) by the key (c2p) and query (p2c) projections."""
+    from flaxlm.models.deberta_v2 import position_types, relative_span
+    if config.model_type != "deberta-v2":
+        return 0
+    rows, d = 2 * relative_span(config)[2], config.hidden_size
+    return config.num_hidden_layers * len(position_types(config)) * 3 * 2 * rows * d * d
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "electra-tiny-generator", "deberta-v3-tiny", "modernbert-tiny"])
+def test_masked_lm_flops_are_the_compiled_steps_matmuls(preset):
+    """flops.encoder_mlm_train_flops of each encoder family (the last layer at the masked slots only, or every
+    layer in full; ModernBERT's GeGLU; DeBERTa's relative-position scores) equals the matmuls XLA compiles for a
+    masked-LM train step."""
+    from flaxlm.data.mlm_masking import MLMMasker
+    from flaxlm.models import create_model, split_model
+    from flaxlm.models.presets import build_config
+    from flaxlm.objectives.mlm import mlm_objective
+    config = build_config(preset, overrides=["vocab_size=96"])
+    L = 16
+    masker = MLMMasker(seq_len=L, vocab_size=96, mask_token_id=4, pad_token_id=1, special_token_ids=(0, 1, 2, 3, 4),
+                       mlm_probability=0.25)
+    graphdef, params = split_model(create_model(config))
+    objective = mlm_objective(graphdef, config, masker, L)
+    rows = np.random.default_rng(0).integers(5, 96, (2, L)).astype(np.int32)
+    batch = {k: jnp.asarray(v) for k, v in masker(rows, np.random.default_rng(1)).items()}
+    flops, unknown = _train_step_dots(objective.loss_sums, params, batch)
+    assert unknown == [] and flops == objective.flops_per_example * 2 + _relative_table_flops(config)

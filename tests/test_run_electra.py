@@ -180,6 +180,38 @@ def test_run_trains_resumes_and_exports_both_models(dirs, corpus, tmp_path, monk
     np.testing.assert_array_equal(read_safetensors(str(out))[word], read_safetensors(str(out / "generator"))[word])
 
 
+def test_deberta_v3_run_trains_both_models_and_exports_them(model_dir_for, corpus, tmp_path):
+    """DeBERTa-v3-style pretraining (deberta-v2 generator half as deep as its discriminator, --embedding_sharing
+    gdes): the generator's export loads in transformers' DebertaV2ForMaskedLM with our logits; the discriminator's
+    encoder in DebertaV2Model (only the mask_predictions.* head unused), Microsoft's head on its output giving our
+    discriminator's logits."""
+    import torch
+    from transformers import DebertaV2ForMaskedLM, DebertaV2Model
+    from flaxlm.models import load_for_task, load_pretrained
+    from test_deberta_v2 import microsoft_rtd_logits
+    gen, disc = model_dir_for("deberta-v3-tiny-generator"), model_dir_for("deberta-v3-tiny")
+    out = tmp_path / "out"
+    run_electra_flax.main(run_helpers.run_args(disc, corpus, out, "--generator_config_name", gen, "--max_seq_length",
+                                               "32", "--max_steps", "3", "--eval_steps", "3", "--learning_rate", "3e-3",
+                                               "--embedding_sharing", "gdes"))
+    row = read_metrics(out, "eval")[-1]
+    assert row["loss"] == pytest.approx(row["generator_loss"] + 50 * row["discriminator_loss"], rel=1e-5)
+    ids = np.random.default_rng(0).integers(5, 300, (2, 12))
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0
+    _, generator = load_pretrained(str(out / "generator"))
+    with torch.no_grad():
+        expected = DebertaV2ForMaskedLM.from_pretrained(out / "generator").eval()(
+            torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(generator(ids, mask))[mask > 0], expected[mask > 0], atol=1e-4)
+    encoder, info = DebertaV2Model.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    assert info["unexpected_keys"] and all(k.startswith("mask_predictions.") for k in info["unexpected_keys"])
+    _, discriminator = load_for_task(str(out), DISCRIMINATOR)
+    np.testing.assert_allclose(np.asarray(discriminator(ids, mask))[mask > 0],
+                               microsoft_rtd_logits(encoder, out, ids, mask)[mask > 0], atol=1e-4)
+
+
 def _config_copy(src, tmp_path, name, **changes):
     """A copy of the config directory src with config.json changed."""
     d = tmp_path / name
@@ -189,7 +221,7 @@ def _config_copy(src, tmp_path, name, **changes):
     return str(d)
 
 
-def test_bad_pairs_are_one_line_user_errors(dirs, corpus, tmp_path):
+def test_bad_pairs_are_one_line_user_errors(dirs, corpus, tmp_path, model_dir_for):
     gen, disc = dirs
     for name, changes, match in (("wide", {"hidden_size": 128, "intermediate_size": 256}, "generator .* is wider"),
                                  ("vocab", {"vocab_size": 400}, "vocab_size 400 differs"),
@@ -202,7 +234,15 @@ def test_bad_pairs_are_one_line_user_errors(dirs, corpus, tmp_path):
     expect_user_error(run_electra_flax.main,
                       run_helpers.run_args(gen, corpus, tmp_path / "bert_out", "--generator_config_name",
                                            _config_copy(gen, tmp_path, "bert", model_type="bert")),
-                      "two ELECTRA configs")
+                      "two configs of one family")
+    deberta_gen, deberta_disc = model_dir_for("deberta-v3-tiny-generator"), model_dir_for("deberta-v3-tiny")
+    for name, gen_dir, changes, match in (
+            ("deberta-mixed", gen, {}, "two configs of one family"),
+            ("deberta-wide", deberta_gen, {"hidden_size": 128, "intermediate_size": 256}, "generator .* is wider"),
+            ("deberta-narrow", deberta_gen, {"hidden_size": 32, "intermediate_size": 128}, "hidden_size 32 differs")):
+        bad = _config_copy(gen_dir, tmp_path, name, **changes)
+        argv = run_helpers.run_args(deberta_disc, corpus, tmp_path / name / "out", "--generator_config_name", bad)
+        expect_user_error(run_electra_flax.main, argv, match)
     wide = _config_copy(gen, tmp_path, "cli", hidden_size=128)
     done = run_helpers.run_script("run_electra_flax.py", run_helpers.run_args(
         disc, corpus, tmp_path / "cli_out", "--generator_config_name", wide))

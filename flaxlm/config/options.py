@@ -144,10 +144,12 @@ class MaskedLMArgs:
 class ElectraArgs:
     """run_electra_flax.py's generator (the discriminator is --config_name / --model_name_or_path) and loss."""
     generator_config_name: str | None = option(key="task.model.generator_config_name",
-                                               help="directory holding the generator's config.json (ELECTRA; at most "
-                                                    "as wide as the discriminator, same vocabulary and embedding size)")
+                                               help="directory holding the generator's config.json (the discriminator's "
+                                                    "family, same vocabulary and embedding width; ELECTRA: narrower, "
+                                                    "DeBERTa-v3: shallower)")
     generator_name_or_path: str | None = option(key="task.model.generator_name_or_path",
-                                                help="generator (ElectraForMaskedLM) directory to continue")
+                                                help="generator (ElectraForMaskedLM, DebertaV2ForMaskedLM) directory to "
+                                                     "continue")
     discriminator_weight: float = option(50.0, minimum=0, key="task.objective.discriminator_weight",
                                          help="weight of the discriminator's loss (the ELECTRA paper's 50)")
     sampling_temperature: float = option(1.0, minimum=1e-6, key="task.objective.sampling_temperature",

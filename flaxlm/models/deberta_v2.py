@@ -34,7 +34,8 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import bert
-from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefixed, same_tensor, with_prefix
+from flaxlm.models.family import (REPLACED_TOKEN_DETECTION, Family, Head, add_linear, add_norm, drop_prefixed,
+                                  same_tensor, with_prefix)
 from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, embed, fold_key
 
@@ -309,6 +310,44 @@ class DebertaV2ForSequenceClassification(DebertaV2Encoder):
         return self.classifier(pooled_BD.astype(jnp.float32))
 
 
+class ReplacedTokenHead(nnx.Module):
+    """DeBERTa-v3's replaced-token-detection head (mask_predictions of Microsoft's DeBERTa code): LayerNorm(the
+    sequence's first token + each token) -> dense -> hidden_act -> one logit (float32)."""
+
+    def __init__(self, config, dtype, rngs):
+        D, std = config.hidden_size, config.initializer_range
+        self.norm = LayerNorm(D, config.layer_norm_eps, rngs)
+        self.dense = dense(D, D, dtype, std, rngs)
+        self.out = dense(D, 1, jnp.float32, std, rngs)
+        self.act = config.hidden_act
+
+    def __call__(self, x_BLD, first_BL):
+        """[B, L] logits; first_BL: the index in its row of each token's sequence start (0 unless packed)."""
+        B, L, D = x_BLD.shape
+        h_BLD = self.norm(bert.gather_rows(x_BLD, first_BL) + x_BLD).astype(x_BLD.dtype)
+        h_MD = activation(self.act)(self.dense(h_BLD.reshape(B * L, D)))
+        return self.out(h_MD.astype(jnp.float32)).reshape(B, L)
+
+
+class DebertaV2ForReplacedTokenDetection(DebertaV2Encoder):
+    """The DeBERTa-v3 discriminator (run_electra_flax.py): the encoder with ReplacedTokenHead, one logit per token,
+    positive for a token it takes for replaced. transformers has no class for it: its DebertaV2Model and the
+    fine-tuning classes load the encoder and ignore mask_predictions.*, as for microsoft/deberta-v3-*."""
+
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
+        self.rtd_head = ReplacedTokenHead(config, self.dtype, rngs)
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None,
+                 segment_ids_BL=None):
+        """float32 logits [B, L]; segment_ids_BL: packed rows, each sequence computed as if alone."""
+        x_BLD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, dropout_key,
+                            segment_ids_BL=segment_ids_BL)
+        i_BL = jnp.broadcast_to(jnp.arange(input_ids_BL.shape[1], dtype=jnp.int32), input_ids_BL.shape)
+        first_BL = jnp.zeros_like(i_BL) if segment_ids_BL is None else i_BL - bert.segment_positions(segment_ids_BL)
+        return self.rtd_head(x_BLD, first_BL)
+
+
 def _head_names(legacy):
     """The MLM head's tensor names: (dense, LayerNorm, output bias), as config.legacy has transformers name them."""
     if legacy:
@@ -368,11 +407,18 @@ def tensor_names(config):
     return names
 
 
+RTD_HEAD = "mask_predictions."  # the replaced-token-detection head's names (Microsoft's DeBERTa code)
+
+
 def head_tensor_names(config, task):
-    """Tensor names of DebertaV2ForSequenceClassification (pooler.dense, classifier) or
-    DebertaV2ForQuestionAnswering (qa_outputs) -> our paths."""
+    """Tensor names of DebertaV2ForSequenceClassification (pooler.dense, classifier),
+    DebertaV2ForQuestionAnswering (qa_outputs) or the discriminator (mask_predictions.*) -> our paths."""
     names = encoder_tensor_names(config)
-    if task == "question_answering":
+    if task == REPLACED_TOKEN_DETECTION:
+        add_norm(names, f"{RTD_HEAD}LayerNorm", ("rtd_head", "norm"))
+        add_linear(names, f"{RTD_HEAD}dense", ("rtd_head", "dense"))
+        add_linear(names, f"{RTD_HEAD}classifier", ("rtd_head", "out"))
+    elif task == "question_answering":
         add_linear(names, "qa_outputs", ("qa_outputs",))
     else:
         add_linear(names, "pooler.dense", ("pooler",))
@@ -380,13 +426,15 @@ def head_tensor_names(config, task):
     return names
 
 
-def _bare(config, tensors, notes):
+def _bare(config, tensors, notes, keep_rtd=False):
     """A checkpoint in today's names: the deberta. prefix of a bare DebertaV2Model added, the position_ids buffer
     dropped, and the tensors transformers ignores dropped with a note: v3's replaced-token-detection head
-    (mask_predictions.*) and absolute position embeddings that position_biased_input false leaves unused."""
+    (mask_predictions.*, unless keep_rtd) and absolute position embeddings that position_biased_input false
+    leaves unused."""
     out = with_prefix(tensors, "deberta.", ("embeddings", "encoder"), buffers=(".position_ids",))
-    unused = ("mask_predictions.",) if config.position_biased_input else (
-        "mask_predictions.", "deberta.embeddings.position_embeddings.")
+    unused = () if keep_rtd else (RTD_HEAD,)
+    if not config.position_biased_input:
+        unused += ("deberta.embeddings.position_embeddings.",)
     out, dropped = drop_prefixed(out, unused)
     if dropped:
         notes.append(f"ignored {len(dropped)} tensor(s) transformers' DeBERTa-v2 does not use either "
@@ -421,9 +469,10 @@ def normalize(config, tensors, notes):
 
 
 def normalize_for_head(config, tensors, notes, task):
-    """A checkpoint for fine-tuning: the pretraining heads (masked-LM in either naming, replaced-token detection)
-    dropped with a note."""
-    out, dropped = drop_prefixed(_bare(config, tensors, notes), ("cls.predictions.", "lm_predictions."))
+    """A checkpoint for fine-tuning or for the discriminator: the pretraining heads (masked-LM in either naming;
+    replaced-token detection unless the task is that) dropped with a note."""
+    keep_rtd = task == REPLACED_TOKEN_DETECTION
+    out, dropped = drop_prefixed(_bare(config, tensors, notes, keep_rtd), ("cls.predictions.", "lm_predictions."))
     if dropped:
         notes.append(f"dropped the pretraining head of the checkpoint ({len(dropped)} tensor(s): masked-LM), which "
                      f"{task.replace('_', ' ')} does not use")
@@ -445,6 +494,13 @@ PRESETS = {name: {**_V3, **dict(zip(_SHAPE, shape)), **changes} for name, shape,
     ("deberta-v3-base", (768, 12, 12, 3072), {}),
     ("deberta-v3-large", (1024, 24, 16, 4096), {}),
     ("deberta-v3-tiny", (64, 2, 2, 256), dict(vocab_size=1024, max_position_embeddings=128, position_buckets=32)),
+    # run_electra_flax.py's generators: as wide as the discriminator, half as deep (the DeBERTa-v3 paper)
+    ("deberta-v3-xsmall-generator", (384, 6, 6, 1536), {}),
+    ("deberta-v3-small-generator", (768, 3, 12, 3072), {}),
+    ("deberta-v3-base-generator", (768, 6, 12, 3072), {}),
+    ("deberta-v3-large-generator", (1024, 12, 16, 4096), {}),
+    ("deberta-v3-tiny-generator", (64, 1, 2, 256), dict(vocab_size=1024, max_position_embeddings=128,
+                                                         position_buckets=32)),
 )}
 
 DEBERTA_V2 = Family(
@@ -455,5 +511,7 @@ DEBERTA_V2 = Family(
     fresh_head="mlm_head",
     heads={"sequence_classification": Head(DebertaV2ForSequenceClassification, "DebertaV2ForSequenceClassification",
                                            ("pooler", "classifier")),
-           "question_answering": Head(DebertaV2ForQuestionAnswering, "DebertaV2ForQuestionAnswering", ("qa_outputs",))},
+           "question_answering": Head(DebertaV2ForQuestionAnswering, "DebertaV2ForQuestionAnswering", ("qa_outputs",)),
+           # no transformers class: DebertaV2Model loads the encoder (microsoft/deberta-v3-* have the same tensors)
+           REPLACED_TOKEN_DETECTION: Head(DebertaV2ForReplacedTokenDetection, "DebertaV2Model", ("rtd_head",))},
     head_tensor_names=head_tensor_names, normalize_for_head=normalize_for_head)

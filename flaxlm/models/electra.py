@@ -20,10 +20,11 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models.bert import (BertEncoder, BertForQuestionAnswering, Embeddings, classifier_dropout,
                                 encoder_tensor_names)
-from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefixed, same_tensor, with_prefix
+from flaxlm.models.family import (REPLACED_TOKEN_DETECTION, Family, Head, add_linear, add_norm, drop_prefixed,
+                                  same_tensor, with_prefix)
 from flaxlm.models.layers import LayerNorm, LMHead, activation, dense, dropout, fold_key
 
-DISCRIMINATOR = "replaced_token_detection"  # the task of ElectraForPreTraining, the discriminator
+DISCRIMINATOR = REPLACED_TOKEN_DETECTION  # the task of ElectraForPreTraining, the discriminator
 
 
 class ElectraEmbeddings(Embeddings):

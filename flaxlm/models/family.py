@@ -14,6 +14,9 @@ import numpy as np
 from flaxlm.errors import UserError
 
 
+REPLACED_TOKEN_DETECTION = "replaced_token_detection"  # the task of a replaced-token-detection discriminator
+
+
 class NameMap(NamedTuple):
     """How one model (a family's pretraining model, or a fine-tuning head on its encoder) is saved."""
     names: list  # [(hf_name, our_path, kind)]

@@ -17,6 +17,7 @@ PRESETS = {name: fields for f in FAMILIES.values() for name, fields in f.presets
 
 # Special tokens looked up by text when the tokenizer does not name them (e.g. a bare tokenizer.json).
 _SPECIAL_TOKENS = {"pad_token_id": ("<pad>", "[PAD]"), "bos_token_id": ("<s>",), "eos_token_id": ("</s>",)}
+_SEQUENCE_TOKENS = {"bos_token_id": "cls_token_id", "eos_token_id": "sep_token_id"}  # WordPiece: [CLS] ... [SEP]
 _NOT_OVERRIDABLE = {"model_type", "transformers_version", "_name_or_path"}
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")  # 1e-5: a string to yaml 1.1
 
@@ -78,14 +79,20 @@ def _check_value(key, value, default):
 
 
 def _special_ids(tokenizer):
+    """The tokenizer's pad/bos/eos ids; a tokenizer without bos/eos (WordPiece) gives its [CLS]/[SEP] ids, one
+    with neither None, so that a preset's ids of other tokens (RoBERTa's bos 0, eos 2) do not stay."""
     vocab = tokenizer.get_vocab()
     out = {}
     for key, texts in _SPECIAL_TOKENS.items():
         tid = getattr(tokenizer, key, None)
         if tid is None:
             tid = next((vocab[t] for t in texts if t in vocab), None)
+        if tid is None and key in _SEQUENCE_TOKENS:
+            tid = getattr(tokenizer, _SEQUENCE_TOKENS[key], None)
         if tid is not None:
             out[key] = int(tid)
+        elif key in _SEQUENCE_TOKENS:
+            out[key] = None
     return out
 
 

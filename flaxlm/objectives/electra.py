@@ -1,8 +1,10 @@
 """ELECTRA's objective (Clark et al. 2020, replaced-token detection): a small masked-LM generator fills the masked
 slots with tokens sampled from its softmax, and the discriminator tells for every real token whether it was
-replaced; the two are trained together, sharing one set of embeddings.
+replaced; the two are trained together, sharing one set of embeddings. The same objective trains DeBERTa-v3
+(He et al. 2021): a deberta-v2 generator (as wide as the discriminator, half as deep) and discriminator.
 
-    params = join_params(generator_params, discriminator_params)     # one pytree: the train state's params
+    shared = check_pair(generator_config, discriminator_config)      # the embeddings the two share
+    params = join_params(generator_params, discriminator_params, shared=shared)  # one pytree: the train state's
     objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, seq_len)
     model_params(params, "discriminator")                              # one model's whole params (export)
 
@@ -10,8 +12,10 @@ loss = the generator's MLM loss (mean over the masked slots) + discriminator_wei
 loss (mean over the real tokens). A sampled token equal to the original counts as original. Sampling is
 stop-gradient (the generator learns from its MLM loss only).
 
-Shared embeddings: the word, position and token-type tables and their LayerNorm (EMBEDDINGS) are one set of params
-under params["embeddings"], used by both models; each keeps its own embeddings projection (to its hidden_size).
+Shared embeddings (SHARED, per family): ELECTRA's word, position and token-type tables and their LayerNorm (each
+model keeps its own embeddings projection to its hidden_size); DeBERTa-v3's word table (and absolute positions
+when position_biased_input), as Microsoft's code shares them. They are one set of params under
+params["embeddings"], used by both models.
 With --embedding_sharing gdes (DeBERTa-v3's gradient-disentangled sharing) the set is the generator's and the
 discriminator adds a delta of its own, its loss not reaching the set (join_params).
 
@@ -28,47 +32,61 @@ from flaxlm.models import merge_model
 from flaxlm.training.flops import electra_train_flops
 from flaxlm.training.objective import Objective
 
-EMBEDDINGS = ("word", "position", "token_type", "norm")  # shared; "project" is each model's own
+EMBEDDINGS = ("word", "position", "token_type", "norm")  # ELECTRA's shared set; "project" is each model's own
+# model_type -> (the embeddings the two models share, the config fields that must then agree, presets to suggest)
+SHARED = {"electra": (EMBEDDINGS, ("vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size"),
+                      "electra-small-generator / electra-small-discriminator"),
+          "deberta-v2": (("word", "position"), ("vocab_size", "hidden_size", "position_biased_input",
+                                                "max_position_embeddings"),
+                         "deberta-v3-small-generator / deberta-v3-small")}
 MODELS = ("generator", "discriminator")
 
 
 def check_pair(generator, discriminator):
-    """UserError unless the generator's config (ELECTRA, at most as wide as the discriminator) can share the
-    discriminator's embeddings: the same vocabulary, embedding size, positions and token types."""
-    if generator.model_type != "electra" or discriminator.model_type != "electra":
-        raise UserError(f"ELECTRA pretraining needs two ELECTRA configs (model_type electra), got a "
-                        f"{generator.model_type} generator and a {discriminator.model_type} discriminator; write them "
-                        f"with create_config.py --preset electra-small-generator / electra-small-discriminator")
-    for name in ("vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size"):
-        if getattr(generator, name) != getattr(discriminator, name):
-            raise UserError(f"the generator's {name} {getattr(generator, name)} differs from the discriminator's "
-                            f"{getattr(discriminator, name)}, so they cannot share embeddings; make them equal in "
-                            f"the generator's config.json")
+    """The names of the embeddings the two models share (SHARED); UserError unless the generator's config (of the
+    discriminator's family, at most as wide) can share the discriminator's: the same vocabulary, widths,
+    positions and token types."""
+    kind = discriminator.model_type
+    if kind not in SHARED or generator.model_type != kind:
+        raise UserError(f"replaced-token-detection pretraining needs two configs of one family ({' or '.join(SHARED)})"
+                        f", got a {generator.model_type} generator and a {discriminator.model_type} discriminator; "
+                        f"write them with create_config.py --preset {SHARED['electra'][2]} (or "
+                        f"{SHARED['deberta-v2'][2]})")
+    shared, agree, presets = SHARED[kind]
     if generator.hidden_size > discriminator.hidden_size:
         raise UserError(f"the generator (hidden_size {generator.hidden_size}) is wider than the discriminator "
-                        f"({discriminator.hidden_size}); ELECTRA's generator is smaller (a quarter to a half as "
-                        f"wide): pick a narrower generator config")
+                        f"({discriminator.hidden_size}); the generator is smaller (ELECTRA's a quarter to a half as "
+                        f"wide, DeBERTa-v3's half as deep): pick a smaller generator config, e.g. --preset "
+                        f"{presets.split(' / ')[0]}")
+    for name in agree:
+        if getattr(generator, name, None) != getattr(discriminator, name, None):
+            raise UserError(f"the generator's {name} {getattr(generator, name, None)} differs from the "
+                            f"discriminator's {getattr(discriminator, name, None)}, so they cannot share embeddings; "
+                            f"make them equal in the generator's config.json")
+    return shared
 
 
-def _without_shared(params):
-    return {**params, "embeddings": {k: v for k, v in params["embeddings"].items() if k not in EMBEDDINGS}}
+def _without_shared(params, shared):
+    return {**params, "embeddings": {k: v for k, v in params["embeddings"].items() if k not in shared}}
 
 
-def join_params(generator, discriminator, sharing="shared", new_discriminator=False):
-    """The train state's params: a shared set of embeddings (EMBEDDINGS) and each model's other params.
+def join_params(generator, discriminator, sharing="shared", new_discriminator=False, shared=EMBEDDINGS):
+    """The train state's params: a shared set of embeddings (the names `shared` that the models have;
+    check_pair's) and each model's other params.
 
     sharing "shared" (ELECTRA): the discriminator's embeddings are the set, trained by both losses. "gdes"
     (DeBERTa-v3's gradient-disentangled sharing): the generator's are the set, trained by its loss only; the
     discriminator's are stop_gradient(set) + its own delta ("embeddings_delta"), its embeddings minus the
     generator's: zero when the discriminator is new (new_discriminator), as the paper starts it."""
-    disc_own = _without_shared(discriminator)
+    names = [k for k in shared if k in discriminator["embeddings"]]
+    disc_own, gen_own = _without_shared(discriminator, names), _without_shared(generator, names)
     if sharing == "shared":
-        return {"embeddings": {k: discriminator["embeddings"][k] for k in EMBEDDINGS},
-                "generator": _without_shared(generator), "discriminator": disc_own}
-    shared = {k: generator["embeddings"][k] for k in EMBEDDINGS}
+        return {"embeddings": {k: discriminator["embeddings"][k] for k in names},
+                "generator": gen_own, "discriminator": disc_own}
+    shared = {k: generator["embeddings"][k] for k in names}
     delta = jax.tree.map(lambda d, g: jnp.zeros_like(g) if new_discriminator else d - g,
-                         {k: discriminator["embeddings"][k] for k in EMBEDDINGS}, shared)
-    return {"embeddings": shared, "generator": _without_shared(generator),
+                         {k: discriminator["embeddings"][k] for k in names}, shared)
+    return {"embeddings": shared, "generator": gen_own,
             "discriminator": {**disc_own, "embeddings_delta": delta}}
 
 

@@ -17,33 +17,47 @@ PEAK_BF16 = {
 
 
 def encoder_mlm_train_flops(config, batch, seq_len, num_predictions):
-    """FLOPs of one train step of a BERT/RoBERTa encoder whose last layer and MLM head run only at the
-    masked slots (the last layer's keys and values still cover every position). ELECTRA's generator: embeddings
-    and head embedding_size wide, projected to and from hidden_size."""
-    d, f, n, p = config.hidden_size, config.intermediate_size, config.num_hidden_layers, num_predictions
+    """FLOPs of one train step of a masked-LM encoder. BERT/RoBERTa/ELECTRA/DeBERTa: the last layer and the MLM
+    head run only at the masked slots (the last layer's keys and values still cover every position); ELECTRA's
+    generator: embeddings and head embedding_size wide, projected to and from hidden_size. ModernBERT: every layer
+    in full, then the head at the masked slots."""
+    d, n, p = config.hidden_size, config.num_hidden_layers, num_predictions
     e = getattr(config, "embedding_size", None) or d
-    full_layer = _encoder_layer_flops(config, seq_len)
-    last_layer = seq_len * 4 * d * d + p * (4 * d * d + 4 * d * f + 4 * seq_len * d)
     head = p * (2 * d * e + 2 * e * config.vocab_size)
     project = seq_len * 2 * e * d if e != d else 0
-    encoder = (n - 1) * full_layer + last_layer if n else 0
+    if config.model_type == "modernbert" or not n:
+        encoder = n * encoder_layer_flops(config, seq_len, seq_len)
+    else:
+        encoder = (n - 1) * encoder_layer_flops(config, seq_len, seq_len) + encoder_layer_flops(config, seq_len, p)
     return 3 * batch * (project + encoder + head)
 
 
-def _encoder_layer_flops(config, seq_len):
-    """Forward FLOPs of one encoder layer over seq_len tokens: q, k, v, out; the MLP; scores and weighted sum."""
+def encoder_layer_flops(config, keys, queries):
+    """Forward FLOPs of one encoder layer computing `queries` rows over `keys` positions: the key and value
+    projections of every position; the query and output projections, the MLP (two matrices; ModernBERT's GeGLU
+    three), the scores and the weighted sum of each query row (over all keys, as computed: ModernBERT's local
+    layers mask the keys outside their window); DeBERTa's c2p scores of each query and p2c scores of each key
+    against the 2 * span relative positions (projecting the position table, once a step and not a row, is left
+    out)."""
     d, f = config.hidden_size, config.intermediate_size
-    return seq_len * (8 * d * d + 4 * d * f + 4 * seq_len * d)
+    mlp = 3 if config.model_type == "modernbert" else 2
+    flops = keys * 4 * d * d + queries * (4 * d * d + 2 * mlp * d * f + 4 * keys * d)
+    if config.model_type == "deberta-v2" and config.relative_attention:
+        from flaxlm.models.deberta_v2 import position_types, relative_span
+        types, positions = position_types(config), 2 * relative_span(config)[2]
+        flops += 2 * positions * d * (queries * ("c2p" in types) + keys * ("p2c" in types))
+    return flops
 
 
 def electra_train_flops(generator, discriminator, seq_len, num_predictions):
-    """FLOPs of one ELECTRA train step per row: the generator's masked-LM step (encoder_mlm_train_flops) and the
-    discriminator's over every token: embeddings projected when embedding_size != hidden_size, every layer in
-    full, its head (dense hidden -> hidden, then one logit)."""
-    d, e = discriminator.hidden_size, discriminator.embedding_size
+    """FLOPs of one replaced-token-detection train step per row (ELECTRA, DeBERTa-v3): the generator's masked-LM
+    step (encoder_mlm_train_flops) and the discriminator's over every token: embeddings projected when
+    embedding_size != hidden_size, every layer in full, its head (dense hidden -> hidden, then one logit)."""
+    d = discriminator.hidden_size
+    e = getattr(discriminator, "embedding_size", None) or d
     project = seq_len * 2 * e * d if e != d else 0
     head = seq_len * (2 * d * d + 2 * d)
-    encoder = discriminator.num_hidden_layers * _encoder_layer_flops(discriminator, seq_len)
+    encoder = discriminator.num_hidden_layers * encoder_layer_flops(discriminator, seq_len, seq_len)
     return encoder_mlm_train_flops(generator, 1, seq_len, num_predictions) + 3 * (project + encoder + head)
 
 
