@@ -61,10 +61,11 @@ def _gradients(objective, params, batch):
     return jax.jit(lambda: (grad_of("generator_loss_sum"), grad_of("discriminator_loss_sum")))()
 
 
-def _batch(masker):
+def _batch(pair):
+    """The objective's batch (collate: the masker's + the ratio of masked slots to real tokens) of 4 rows of 16."""
     rows = np.random.default_rng(0).integers(5, 8, (4, 16)).astype(np.int32)
     rows[:, 0], rows[:, -1], rows[3, 10:] = 0, 2, 1  # CLS, SEP; row 3 padded
-    return masker(rows, np.random.default_rng(1))
+    return _objective(pair)[0].collate(rows, np.random.default_rng(1))
 
 
 def _log_sigmoid(x):
@@ -75,7 +76,7 @@ def test_loss_equals_an_independent_computation(pair):
     """Masking, sampled replacements and the loss formula, redone in numpy from the models' logits."""
     gen_config, generator, disc_config, discriminator, masker = pair
     objective, params = _objective(pair, weight=7.0, temperature=0.5)
-    batch = _batch(masker)
+    batch = _batch(pair)
     key = jax.random.PRNGKey(3)
     sums = jax.jit(objective.loss_sums)(params, {k: jnp.asarray(v) for k, v in batch.items()}, key)
 
@@ -106,6 +107,23 @@ def test_loss_equals_an_independent_computation(pair):
                                (((disc_logits > 0) == replaced) * mask).sum() / mask.sum(), rtol=1e-5)
 
 
+def test_a_step_cut_into_pieces_has_the_discriminators_mean_over_all_its_rows(pair):
+    """The rows of a step, collated together and then cut into pieces (accumulation, CPU chunks) whose shares of
+    masked slots and real tokens differ: the pieces' sums add up to the whole batch's, so the step's
+    discriminator loss is its mean over the step's real tokens. Eval mode, near-zero temperature: the same
+    replacements however the rows are cut."""
+    objective, params = _objective(pair, temperature=1e-6)
+    batch = _batch(pair)
+    real = batch["attention_mask"] > 0
+    halves = [{k: jnp.asarray(v[rows]) for k, v in batch.items()} for rows in (slice(0, 2), slice(2, 4))]
+    assert (batch["masked_weights"][:2].sum() / real[:2].sum()) != (batch["masked_weights"][2:].sum() / real[2:].sum())
+    sums = jax.jit(objective.loss_sums)
+    whole = sums(params, {k: jnp.asarray(v) for k, v in batch.items()}, None)
+    pieces = [sums(params, half, None) for half in halves]
+    for name in ("discriminator_loss_sum", "discriminator_accuracy_sum", "generator_loss_sum", "weight_sum"):
+        np.testing.assert_allclose(pieces[0][name] + pieces[1][name], whole[name], rtol=1e-5)
+
+
 def test_shared_embeddings_are_one_tensor(pair):
     """One set of embedding params, which both models' losses reach: a gradient step moves the generator's and the
     discriminator's embedding outputs (before their projections) alike."""
@@ -114,7 +132,7 @@ def test_shared_embeddings_are_one_tensor(pair):
     objective, params = _objective(pair)
     V, E = pair[0].vocab_size, pair[0].embedding_size
     assert sum(x.shape == (V, E) for x in jax.tree.leaves(params)) == 1  # one word table in the train state
-    batch = {k: jnp.asarray(v) for k, v in _batch(pair[4]).items()}
+    batch = {k: jnp.asarray(v) for k, v in _batch(pair).items()}
     grads = _gradients(objective, params, batch)
     for g in grads:  # each model's loss reaches the shared set
         assert np.abs(g["embeddings"]["word"]["embedding"]).max() > 1e-6
@@ -137,7 +155,7 @@ def test_gdes_sharing_keeps_the_discriminators_loss_off_the_generators_embedding
     for k, v in model_params(params, "generator")["embeddings"].items():
         if k != "project":
             jax.tree.map(np.testing.assert_array_equal, model_params(params, "discriminator")["embeddings"][k], v)
-    gen_grads, disc_grads = _gradients(objective, params, {k: jnp.asarray(v) for k, v in _batch(pair[4]).items()})
+    gen_grads, disc_grads = _gradients(objective, params, {k: jnp.asarray(v) for k, v in _batch(pair).items()})
     assert np.abs(gen_grads["embeddings"]["word"]["embedding"]).max() > 1e-6
     assert np.abs(disc_grads["discriminator"]["embeddings_delta"]["word"]["embedding"]).max() > 1e-6
     for g in jax.tree.leaves(disc_grads["embeddings"]) + jax.tree.leaves(gen_grads["discriminator"]):
@@ -255,7 +273,7 @@ def test_train_flops_are_the_compiled_steps_matmuls(pair):
     from bench.hlo_dots import dots_per_run
     from flaxlm.training.train_step import make_train_step
     objective, params = _objective(pair)
-    batch = {k: jnp.asarray(v) for k, v in _batch(pair[4]).items()}
+    batch = {k: jnp.asarray(v) for k, v in _batch(pair).items()}
     tx = optax.sgd(0.1)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
     compiled = jax.jit(make_train_step(objective.loss_sums, tx, 1)).lower(state, batch, jax.random.PRNGKey(0))

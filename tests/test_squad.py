@@ -288,3 +288,34 @@ def test_run_qa_learns_to_answer_and_exports_for_transformers(qa_tokenizers, tmp
     with pytest.raises(UserError, match="none of the 1 answers"):
         run_qa.main(args + ["--output_dir", str(tmp_path / "bad_run")])
     assert not os.path.exists(tmp_path / "bad_run" / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("preset,kind,hf_class", [("electra-tiny-discriminator", "wordpiece",
+                                                    "ElectraForQuestionAnswering"),
+                                                   ("modernbert-tiny", "bpe", "ModernBertForQuestionAnswering"),
+                                                   ("deberta-v3-tiny", "bpe", "DebertaV2ForQuestionAnswering")])
+def test_run_qa_trains_and_exports_each_encoder_family(preset, kind, hf_class, model_dir_for, tmp_path):
+    """run_qa.py on a new ELECTRA, ModernBERT and DeBERTa-v3: a few steps and an evaluation, then the export
+    loads cleanly as transformers' question-answering class with our start and end logits."""
+    import torch
+    import transformers
+    from flaxlm.models import load_for_task
+    model_dir = model_dir_for(preset, kind, 400, model_max_length=128)
+    data = facts_file(tmp_path / "facts.json")
+    out = tmp_path / "run"
+    run_qa.main(["--output_dir", str(out), "--config_name", model_dir, "--tokenizer_name", model_dir, "--train_file",
+                 data, "--validation_file", data, "--max_seq_length", "64", "--doc_stride", "16",
+                 "--per_device_train_batch_size", "2", "--max_steps", "3", "--eval_steps", "3", "--logging_steps", "1"])
+    evals = [json.loads(line) for line in open(out / "metrics.jsonl") if json.loads(line)["split"] == "eval"]
+    assert evals[-1]["step"] == 3 and 0 <= evals[-1]["f1"] <= 100
+    hf, info = transformers.AutoModelForQuestionAnswering.from_pretrained(out, output_loading_info=True)
+    assert type(hf).__name__ == hf_class and not any(info.values()), info
+    ids = np.random.default_rng(0).integers(5, 400, (2, 12))
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0
+    _, ours = load_for_task(str(out), "question_answering")
+    start, end = (np.asarray(x) for x in ours(ids, mask))
+    with torch.no_grad():
+        theirs = hf.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+    np.testing.assert_allclose(start[mask > 0], theirs.start_logits.numpy()[mask > 0], atol=1e-4)
+    np.testing.assert_allclose(end[mask > 0], theirs.end_logits.numpy()[mask > 0], atol=1e-4)

@@ -24,7 +24,9 @@ decoder + bias; bert.BertForQuestionAnswering), on this encoder: each such class
 DebertaV2Encoder second, so that BERT's __init__ and __call__ build and call this encoder. The sequence
 classifier (ContextPooler: dropout -> dense -> pooler_hidden_act -> dropout -> classifier) is its own.
 transformers names the MLM head cls.predictions.* when config.legacy (its default) and lm_predictions.lm_head.*
-otherwise; we write the one config.legacy names and read either.
+otherwise; we write the one config.legacy names and read either. The replaced-token-detection discriminator
+(DeBERTa-v3's pretraining, run_electra_flax.py) has Microsoft's head, mask_predictions.*: transformers has no class
+for it and loads the encoder of such a checkpoint (the hub's v3 checkpoints hold that head too), ignoring the head.
 """
 import math
 

@@ -20,11 +20,13 @@ With --embedding_sharing gdes (DeBERTa-v3's gradient-disentangled sharing) the s
 discriminator adds a delta of its own, its loss not reaching the set (join_params).
 
 The loop divides every sum by the count of masked slots ("weight_sum"); the discriminator's sums are scaled by the
-ratio of masked slots to real tokens of the batch piece, so that they come out as means per real token: exact when
-a step is one piece, otherwise a mean of the pieces' means weighted by their masked slots.
+ratio of masked slots to real tokens of the rows collated together (a train step's rows on this host, however the
+step cuts them into pieces; an evaluation batch), so that they come out as means per real token: exact for a train
+step on one host; across hosts and evaluation batches, a mean of their means weighted by their masked slots.
 """
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from flaxlm.errors import UserError
@@ -119,11 +121,11 @@ def electra_sums(gen_logits_BPV, sample_BP, corrupted_BL, disc_logits_BL, batch,
     bce_BL = optax.sigmoid_binary_cross_entropy(disc_logits_BL, replaced_BL.astype(jnp.float32))
     disc_correct_BL = (disc_logits_BL > 0) == replaced_BL
     n_masked, real_BL = w_BP.sum(), real_BL.astype(jnp.float32)
-    per_real = n_masked / jnp.maximum(real_BL.sum(), 1.0)  # sums per real token, counted per masked slot
+    per_real_B1 = batch["masked_per_real"][:, None]  # sums per real token, counted per masked slot (collate)
     sums = {"generator_loss_sum": (xent_BP * w_BP).sum(),
             "generator_accuracy_sum": (gen_correct_BP * w_BP).sum(),
-            "discriminator_loss_sum": (bce_BL * real_BL).sum() * per_real,
-            "discriminator_accuracy_sum": (disc_correct_BL * real_BL).sum() * per_real,
+            "discriminator_loss_sum": (bce_BL * real_BL * per_real_B1).sum(),
+            "discriminator_accuracy_sum": (disc_correct_BL * real_BL * per_real_B1).sum(),
             "replaced_sum": ((sample_BP != labels_BP) * w_BP).sum(),
             "weight_sum": n_masked}
     sums["loss_sum"] = sums["generator_loss_sum"] + discriminator_weight * sums["discriminator_loss_sum"]
@@ -152,6 +154,13 @@ def electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, mask
         return electra_sums(gen_logits_BPV, sample_BP, corrupted_BL, disc_logits_BL, batch, real_BL,
                             discriminator_weight)
 
-    return Objective(loss_sums=loss_sums, collate=masker, pad_id=masker.pad_token_id, weights_key="masked_weights",
+    def collate(rows, rng):
+        """The masker's batch and, in every row, the ratio of its masked slots to its real tokens."""
+        batch = masker(rows, rng)
+        real = (batch["segment_ids"] > 0 if "segment_ids" in batch else batch["attention_mask"] > 0).sum()
+        ratio = batch["masked_weights"].sum() / max(int(real), 1)
+        return {**batch, "masked_per_real": np.full(len(batch["input_ids"]), ratio, np.float32)}
+
+    return Objective(loss_sums=loss_sums, collate=collate, pad_id=masker.pad_token_id, weights_key="masked_weights",
                      flops_per_example=electra_train_flops(gen_config, disc_config, seq_len, masker.num_predictions),
                      tokens_per_example=seq_len, perplexity=False)
