@@ -323,10 +323,10 @@ class ReplacedTokenHead(nnx.Module):
         self.out = dense(D, 1, jnp.float32, std, rngs)
         self.act = config.hidden_act
 
-    def __call__(self, x_BLD, first_BL):
-        """[B, L] logits; first_BL: the index in its row of each token's sequence start (0 unless packed)."""
+    def __call__(self, x_BLD, first_BLD):
+        """[B, L] logits; first_BLD: the output at each token's sequence start (broadcast: [B, 1, D] unless packed)."""
         B, L, D = x_BLD.shape
-        h_BLD = self.norm(bert.gather_rows(x_BLD, first_BL) + x_BLD).astype(x_BLD.dtype)
+        h_BLD = self.norm(first_BLD + x_BLD).astype(x_BLD.dtype)
         h_MD = activation(self.act)(self.dense(h_BLD.reshape(B * L, D)))
         return self.out(h_MD.astype(jnp.float32)).reshape(B, L)
 
@@ -345,9 +345,10 @@ class DebertaV2ForReplacedTokenDetection(DebertaV2Encoder):
         """float32 logits [B, L]; segment_ids_BL: packed rows, each sequence computed as if alone."""
         x_BLD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, dropout_key,
                             segment_ids_BL=segment_ids_BL)
-        i_BL = jnp.broadcast_to(jnp.arange(input_ids_BL.shape[1], dtype=jnp.int32), input_ids_BL.shape)
-        first_BL = jnp.zeros_like(i_BL) if segment_ids_BL is None else i_BL - bert.segment_positions(segment_ids_BL)
-        return self.rtd_head(x_BLD, first_BL)
+        if segment_ids_BL is None:
+            return self.rtd_head(x_BLD, x_BLD[:, :1])
+        starts_BL = jnp.arange(input_ids_BL.shape[1], dtype=jnp.int32) - bert.segment_positions(segment_ids_BL)
+        return self.rtd_head(x_BLD, bert.gather_rows(x_BLD, starts_BL))
 
 
 def _head_names(legacy):

@@ -35,13 +35,13 @@ from flaxlm.training.flops import electra_train_flops
 from flaxlm.training.objective import Objective
 
 EMBEDDINGS = ("word", "position", "token_type", "norm")  # ELECTRA's shared set; "project" is each model's own
-# model_type -> (the embeddings the two models share, the config fields that must then agree, presets to suggest)
+# model_type -> (the embeddings the two models share, the config fields that must then agree, presets to suggest:
+# a generator and a discriminator)
 SHARED = {"electra": (EMBEDDINGS, ("vocab_size", "embedding_size", "max_position_embeddings", "type_vocab_size"),
-                      "electra-small-generator / electra-small-discriminator"),
+                      ("electra-small-generator", "electra-small-discriminator")),
           "deberta-v2": (("word", "position"), ("vocab_size", "hidden_size", "position_biased_input",
                                                 "max_position_embeddings"),
-                         "deberta-v3-small-generator / deberta-v3-small")}
-MODELS = ("generator", "discriminator")
+                         ("deberta-v3-small-generator", "deberta-v3-small"))}
 
 
 def check_pair(generator, discriminator):
@@ -52,14 +52,14 @@ def check_pair(generator, discriminator):
     if kind not in SHARED or generator.model_type != kind:
         raise UserError(f"replaced-token-detection pretraining needs two configs of one family ({' or '.join(SHARED)})"
                         f", got a {generator.model_type} generator and a {discriminator.model_type} discriminator; "
-                        f"write them with create_config.py --preset {SHARED['electra'][2]} (or "
-                        f"{SHARED['deberta-v2'][2]})")
+                        f"write them with create_config.py --preset {' / '.join(SHARED['electra'][2])} (or "
+                        f"{' / '.join(SHARED['deberta-v2'][2])})")
     shared, agree, presets = SHARED[kind]
     if generator.hidden_size > discriminator.hidden_size:
         raise UserError(f"the generator (hidden_size {generator.hidden_size}) is wider than the discriminator "
                         f"({discriminator.hidden_size}); the generator is smaller (ELECTRA's a quarter to a half as "
                         f"wide, DeBERTa-v3's half as deep): pick a smaller generator config, e.g. --preset "
-                        f"{presets.split(' / ')[0]}")
+                        f"{presets[0]}")
     for name in agree:
         if getattr(generator, name, None) != getattr(discriminator, name, None):
             raise UserError(f"the generator's {name} {getattr(generator, name, None)} differs from the "
