@@ -157,6 +157,20 @@ def test_a_v3_checkpoint_with_its_replaced_token_head_loads_as_the_discriminator
     assert set(saved) == {k for k in tensors if not k.startswith("lm_predictions.")}
 
 
+def test_the_discriminator_reads_each_packed_sequences_own_first_token():
+    """Two sequences packed in one row: the discriminator's logits are each one's alone (its head adds each
+    sequence's own first token, not the row's)."""
+    from flaxlm.models.family import REPLACED_TOKEN_DETECTION
+    model = models.create_model(V3.config(), task=REPLACED_TOKEN_DETECTION)
+    graphdef, params = models.split_model(model)
+    model = models.merge_model(graphdef, randomize(params, std=0.1))
+    ids = jnp.asarray(batch(V3).args[0])
+    alone_ids = jnp.stack([ids[1, :6], ids[0, :6]])
+    alone = model(alone_ids)
+    packed = model(alone_ids.reshape(1, 12), segment_ids_BL=jnp.array([[1] * 6 + [2] * 6]))
+    np.testing.assert_allclose(packed.reshape(alone.shape), alone, atol=1e-4)
+
+
 @pytest.mark.parametrize("preset", ["deberta-v3-xsmall", "deberta-v3-small", "deberta-v3-base", "deberta-v3-large",
                                     "deberta-v3-tiny", "deberta-v3-small-generator", "deberta-v3-base-generator"])
 def test_presets_have_the_parameters_transformers_builds(preset):
