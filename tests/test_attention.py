@@ -1,10 +1,11 @@
-"""The explicit (dropout) attention path against jax.nn.dot_product_attention, causal halves included."""
+"""The explicit (dropout) attention path against jax.nn.dot_product_attention, causal halves included; sliding
+windows, soft-capping and ALiBi against the scores written out, with and without the KV cache."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flaxlm.models import layers
+from flaxlm.models import kv_cache, layers
 from flaxlm.models.layers import attention
 
 NO_DROP = 1e-9  # takes the explicit path but drops nothing (keep threshold rounds to 0)
@@ -64,3 +65,46 @@ def test_causal_halves_drop_out_each_half_at_the_rate():
     again = attention(q, k, v, causal=True, dropout_rate=rate, dropout_key=jax.random.key(3))[..., 0]
     np.testing.assert_array_equal(o, again)
     assert not np.array_equal(o[:, :T // 2], o[:, T // 2:])
+
+
+def reference_attention(q, k, v, mask_BS, window=None, softcap=None, slopes=None):
+    """Causal attention written out: scores (+ ALiBi slope * (key - query)), soft-capped, masked, softmax."""
+    T, H = q.shape[1], q.shape[-1]
+    s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(H)
+    d = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
+    if slopes is not None:
+        s = s - slopes[None, :, None, None] * d
+    if softcap is not None:
+        s = softcap * jnp.tanh(s / softcap)
+    allowed = (d >= 0) & (d < (window or T + 1))
+    s = jnp.where(allowed[None, None] & mask_BS[:, None, None, :], s, -1e30)
+    return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(s, -1), v)
+
+
+@pytest.mark.parametrize("window,softcap,alibi", [(5, None, False), (None, 3.0, False), (5, 3.0, False),
+                                                  (None, None, True), (4, None, True)],
+                         ids=["window", "softcap", "window-softcap", "alibi", "window-alibi"])
+def test_window_softcap_alibi_match_the_scores_written_out_with_and_without_the_cache(window, softcap, alibi):
+    """Row 1 left-padded by 3; with the cache, 6 tokens of prefill then one token per step."""
+    T, N = 12, 2
+    q, k, v = qkv(T, N=N)
+    mask = jnp.arange(T)[None, :] >= jnp.array([[0], [3]])
+    slopes = jnp.array([0.5, 0.125]) if alibi else None
+    ref = reference_attention(q, k, v, mask, window, softcap, slopes)
+    d = jnp.arange(T)[:, None] - jnp.arange(T)[None, :]
+    bias = None if slopes is None else -(slopes[:, None, None] * d)[None]
+    real = np.asarray(mask)
+    for explicit in (False, True):
+        kw = dict(dropout_rate=NO_DROP, dropout_key=jax.random.key(0)) if explicit else {}
+        got = attention(q, k, v, mask, causal=True, window=window, softcap=softcap, bias=bias, **kw)
+        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(ref)[real], atol=2e-5)
+    cache = kv_cache.init_cache(1, 2, T, N, q.shape[-1], jnp.float32)
+    outs = []
+    for start, stop in [(0, 6)] + [(t, t + 1) for t in range(6, T)]:
+        cache, visible = kv_cache.start_step(cache, mask[:, start:stop])
+        o, (kc, vc) = kv_cache.attend(q[:, start:stop], (cache["k"][0], cache["v"][0]), k[:, start:stop],
+                                      v[:, start:stop], cache["index"], visible, window=window, softcap=softcap,
+                                      alibi_slopes=slopes)
+        cache = kv_cache.finish_step(cache, [kc], [vc], stop - start)
+        outs.append(o)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1))[real], np.asarray(ref)[real], atol=2e-5)

@@ -25,9 +25,10 @@ def plain_sums(logits_BTV, labels_BT, weights_BT):
     return (xent_BT * weights_BT).sum(), (correct_BT * weights_BT).sum()
 
 
-def logits_of(h_BTD, weight, tied, bias=None):
+def logits_of(h_BTD, weight, tied, bias=None, softcap=None):
     logits = lm_logits(h_BTD.reshape(-1, h_BTD.shape[-1]), weight, tied, jnp.float32)
-    return logits.reshape(*h_BTD.shape[:-1], -1) + (0.0 if bias is None else bias)
+    logits = logits.reshape(*h_BTD.shape[:-1], -1) + (0.0 if bias is None else bias)
+    return logits if softcap is None else softcap * jnp.tanh(logits / softcap)
 
 
 def problem(tied, seed=0):
@@ -52,17 +53,21 @@ def assert_close(a, b, tol=1e-5):
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
-@pytest.mark.parametrize("chunk_rows", [3, 7, 10, 256, None, 0])  # 1, 2 (padded), 3 (padded), 11 positions; 0: one
-def test_values_and_gradients_match_optax(tied, with_bias, chunk_rows):
+# chunk_rows 3, 7, 10, 256: 1, 2 (padded), 3 (padded), 11 positions per chunk; 0: one chunk. softcap 2.0 (Gemma 2's
+# final soft-capping): the raw logits (std ~3) reach tanh's bend
+@pytest.mark.parametrize("chunk_rows,softcap", [(3, None), (7, None), (10, None), (256, None), (None, None),
+                                                (0, None), (3, 2.0), (None, 2.0)])
+def test_values_and_gradients_match_optax(tied, with_bias, chunk_rows, softcap):
     h, weight, bias, labels, weights = problem(tied)
     bias = bias if with_bias else None
-    labels = with_correct_rows(labels, logits_of(h, weight, tied, bias))
+    labels = with_correct_rows(labels, logits_of(h, weight, tied, bias, softcap))
 
     def fused(h, weight, bias, weights):
-        return head_xent(h, weight, labels, weights, tied=tied, bias_V=bias, chunk_rows=chunk_rows, shards=1)
+        return head_xent(h, weight, labels, weights, tied=tied, bias_V=bias, chunk_rows=chunk_rows, shards=1,
+                         softcap=softcap)
 
     def plain(h, weight, bias, weights):
-        return plain_sums(logits_of(h, weight, tied, bias), labels, weights)
+        return plain_sums(logits_of(h, weight, tied, bias, softcap), labels, weights)
 
     args = (h, weight, bias, weights)
     for ours, ref in zip(jax.jit(fused)(*args), plain(*args)):

@@ -35,10 +35,14 @@ def start_step(cache, mask_BT):
     return {**cache, "mask": mask_BS}, visible_BTS
 
 
-def attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS, scale=None):
+def attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS, scale=None, *, window=None, softcap=None,
+           alibi_slopes=None):
     """One layer's cached attention: the new keys and values written into its cache at slots index ..
     index + T - 1, then softmax(q k^T * scale) v over the visible slots (scale defaults to H**-0.5).
-    Returns (o_BTNH, the updated kv).
+    Returns (o_BTNH, the updated kv). As layers.attention: window (a query sees the `window` slots up to its
+    own), softcap (scores through softcap * tanh(score / softcap)); alibi_slopes [N] (BLOOM): slope * (key slot
+    - query slot) added to the scores, which is ALiBi's slope * key position up to a constant per query (the
+    real tokens of a left-padded row sit in consecutive slots).
 
     Keys are cached as [M, H, S] and values as [M, S, H], M = B * K (K key/value heads, each serving
     G = N / K query heads): 3-D arrays in the layouts the two attention matmuls read as they are, so that
@@ -57,8 +61,16 @@ def attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS, scale=None):
     q_MQH = q_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(M, G * T, H).astype(dtype)  # Q = G * T
     logits_MQS = jnp.einsum("mqh,mhs->mqs", q_MQH, k_cache_MHS, preferred_element_type=jnp.float32) * scale
     S = logits_MQS.shape[-1]
-    logits_BKGTS = jnp.where(visible_BTS[:, None, None], logits_MQS.reshape(B, K, G, T, S),
-                             jnp.finfo(jnp.float32).min)
+    logits_BKGTS = logits_MQS.reshape(B, K, G, T, S)
+    distance_TS = index + jnp.arange(T)[:, None] - jnp.arange(S)[None, :]  # query slot - key slot
+    if alibi_slopes is not None:
+        slopes_KG = jnp.asarray(alibi_slopes, jnp.float32).reshape(K, G)
+        logits_BKGTS = logits_BKGTS - slopes_KG[:, :, None, None] * distance_TS.astype(jnp.float32)
+    if softcap is not None:
+        logits_BKGTS = jnp.tanh(logits_BKGTS / softcap) * softcap
+    if window is not None:
+        visible_BTS = visible_BTS & (distance_TS < window)
+    logits_BKGTS = jnp.where(visible_BTS[:, None, None], logits_BKGTS, jnp.finfo(jnp.float32).min)
     probs_MQS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(dtype).reshape(M, G * T, S)
     o_MQH = jnp.einsum("mqs,msh->mqh", probs_MQS, v_cache_MSH)
     o_BTNH = o_MQH.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(q_BTNH.dtype)

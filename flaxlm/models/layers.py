@@ -143,12 +143,19 @@ class LMHead(NamedTuple):
     tied: bool
     dtype: Any  # the compute dtype of the matmul (float32 results)
     bias: Optional[jax.Array] = None  # [V], added to the logits (BERT's MLM head)
+    softcap: Optional[float] = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2's final soft-capping)
 
     def logits(self, h_BLD):
         """float32 logits [B, L, V] of the rows h_BLD (one 2-D matmul over the B * L rows)."""
         B, L, D = h_BLD.shape
         out_MV = lm_logits(h_BLD.reshape(B * L, D), self.weight, self.tied, self.dtype)
-        return (out_MV if self.bias is None else out_MV + self.bias).reshape(B, L, -1)
+        out_MV = out_MV if self.bias is None else out_MV + self.bias
+        return soft_cap(out_MV, self.softcap).reshape(B, L, -1)
+
+
+def soft_cap(x, cap):
+    """cap * tanh(x / cap) (Gemma 2's logit soft-capping); x itself when cap is None."""
+    return x if cap is None else jnp.tanh(x / cap) * cap
 
 
 def embed(n, d, std, rngs, cutoff=None):
@@ -158,17 +165,18 @@ def embed(n, d, std, rngs, cutoff=None):
 
 
 class RMSNorm(nnx.Module):
-    """T5LayerNorm == LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * scale, statistics in float32 (no mean, no bias);
-    returns x's dtype."""
+    """T5LayerNorm == LlamaRMSNorm: x / sqrt(mean(x^2) + eps) * (offset + scale), statistics in float32 (no mean, no
+    bias); returns x's dtype. Gemma's norms: offset 1, scale initialized to 0."""
 
-    def __init__(self, dim, eps, init_value=1.0):
+    def __init__(self, dim, eps, init_value=1.0, offset=0.0):
         self.scale = nnx.Param(jnp.full((dim,), init_value, jnp.float32))
-        self.eps = eps
+        self.eps, self.offset = eps, offset
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale[...]).astype(x.dtype)
+        scale = self.scale[...] + self.offset if self.offset else self.scale[...]
+        return (y * scale).astype(x.dtype)
 
 
 class LayerNorm(nnx.LayerNorm):
@@ -182,15 +190,18 @@ class LayerNorm(nnx.LayerNorm):
 
 
 def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dropout_rate=0.0,
-              dropout_key=None, implementation=None, bias=None):
+              dropout_key=None, implementation=None, bias=None, window=None, softcap=None):
     """Softmax attention. mask (bool, True = attend): [B, S] hides padding keys, [B, T, S] is a full
     per-query mask (the KV-cache path); causal: query t sees keys 0..t (T == S). K key/value heads may be
     fewer than the N query heads (grouped-query attention, N a multiple of K). scale defaults to H**-0.5.
-    bias: float32 [B or 1, N or 1, T, S] added to the scaled scores (DeBERTa's relative-position scores).
+    bias: float32 [B or 1, N or 1, T, S] added to the scaled scores (DeBERTa's relative-position scores,
+    BLOOM's ALiBi). window (causal only): query t sees only the keys t - window + 1 .. t (Mistral's and
+    Gemma 2's sliding window, GPT-Neo's local layers). softcap: the scaled scores (plus bias) go through
+    softcap * tanh(score / softcap) before the mask (Gemma 2).
 
-    Without dropout this is jax.nn.dot_product_attention (with `implementation`: None lets JAX choose, "xla",
-    "cudnn"); with a key and rate > 0 the probabilities are computed explicitly (float32) so they can be
-    dropped out as Hugging Face does. Causal rows of CAUSAL_HALVES_MIN_LENGTH or more (even) then run as two
+    Without dropout or softcap this is jax.nn.dot_product_attention (with `implementation`: None lets JAX
+    choose, "xla", "cudnn"); with a key and rate > 0, or a softcap, the probabilities are computed explicitly
+    (float32) so they can be dropped out as Hugging Face does. Causal rows of CAUSAL_HALVES_MIN_LENGTH or more (even) then run as two
     halves of the queries, the first against the first half of the keys only: a quarter of the scores,
     all of them masked, is skipped (a quarter less attention time, forward and backward, for GPT-2 small's
     rows of 128 on a 2-core CPU).
@@ -202,14 +213,19 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     if bias is not None and implementation == "cudnn":
         bias = bias.astype(q_BTNH.dtype)  # cuDNN takes the bias in the compute dtype
-    if dropout_key is None or dropout_rate == 0.0:
+    if window is not None and not causal:
+        raise ValueError("a sliding window needs causal attention")
+    if (dropout_key is None or dropout_rate == 0.0) and softcap is None:
         return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, is_causal=causal,
-                                            scale=scale, implementation=implementation)
+                                            scale=scale, implementation=implementation,
+                                            local_window_size=None if window is None else (window - 1, 0))
     K = k_BSKH.shape[2]
     if K != N:  # repeat each key/value head for its group of query heads
         k_BSKH, v_BSKH = jnp.repeat(k_BSKH, N // K, axis=2), jnp.repeat(v_BSKH, N // K, axis=2)
-    if bias is not None or not (causal and T == S and T % 2 == 0 and T >= CAUSAL_HALVES_MIN_LENGTH):
-        return _dropout_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, 0, scale, dropout_rate, dropout_key, bias)
+    if bias is not None or window is not None or softcap is not None or \
+            not (causal and T == S and T % 2 == 0 and T >= CAUSAL_HALVES_MIN_LENGTH):
+        return _dropout_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, 0, scale, dropout_rate, dropout_key, bias,
+                                  window, softcap)
     # causal: the first half of the queries sees only the first half of the keys, so that quarter of the
     # scores (all masked) is never computed; each half draws its own dropout mask
     h = T // 2
@@ -230,15 +246,19 @@ def _mask_rows(mask, start, stop, keys):
     return (mask if mask.shape[2] == 1 else mask[:, :, start:stop])[..., :keys]
 
 
-def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, dropout_rate, dropout_key, bias=None):
+def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, dropout_rate, dropout_key, bias=None,
+                       window=None, softcap=None):
     """Softmax attention with the probabilities computed (float32) and dropped out; causal: query t (at
-    position offset + t) sees keys 0..offset + t; bias added to the scaled scores."""
+    position offset + t) sees keys 0..offset + t (the last `window` of them with a window); bias added to the
+    scaled scores, then soft-capped."""
     T, S = q_BTNH.shape[1], k_BSNH.shape[1]
     logits_BNTS = jnp.einsum("btnh,bsnh->bnts", q_BTNH, k_BSNH, preferred_element_type=jnp.float32) * scale
     if bias is not None:
         logits_BNTS = logits_BNTS + bias.astype(jnp.float32)
+    logits_BNTS = soft_cap(logits_BNTS, softcap)
     if causal:
-        causal_TS = jnp.arange(T)[:, None] + offset >= jnp.arange(S)[None, :]
+        distance_TS = jnp.arange(T)[:, None] + offset - jnp.arange(S)[None, :]
+        causal_TS = (distance_TS >= 0) if window is None else (distance_TS >= 0) & (distance_TS < window)
         mask = causal_TS[None, None] if mask is None else mask & causal_TS[None, None]
     if mask is not None:
         logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)

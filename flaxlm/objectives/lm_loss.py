@@ -43,16 +43,17 @@ def head_loss_sums(h_BTD, head, labels_BT, weights_BT, chunk_rows=None):
     """An objective's sums for the rows h_BTD that a model returns with hidden=True, its head()
     (models.layers.LMHead) and each row's label and weight."""
     loss, accuracy = head_xent(h_BTD, head.weight, labels_BT, weights_BT, tied=head.tied, dtype=head.dtype,
-                               bias_V=head.bias, chunk_rows=chunk_rows)
+                               bias_V=head.bias, chunk_rows=chunk_rows, softcap=head.softcap)
     return {"loss_sum": loss, "accuracy_sum": accuracy, "weight_sum": weights_BT.sum()}
 
 
 def head_xent(h_BTD, weight, labels_BT, weights_BT, *, tied, dtype=jnp.float32, bias_V=None, chunk_rows=None,
-              shards=None):
+              shards=None, softcap=None):
     """(loss_sum, accuracy_sum) of the LM head over the hidden rows h_BTD; float32 scalars.
 
     weight: the token embeddings [V, D] (tied) or the head's kernel [D, V]; the matmuls run in `dtype`
-    with float32 results; bias_V (optional) is added to the logits. weights_BT weighs each row's loss and
+    with float32 results; bias_V (optional) is added to the logits, then softcap (optional; Gemma 2's final
+    logit soft-capping) maps them to softcap * tanh(logits / softcap). weights_BT weighs each row's loss and
     correctness (0 leaves a row out); labels_BT are token ids. A row is correct when its label's logit is
     the largest (an exact tie counts). Gradients flow to h_BTD, weight, bias_V and weights_BT;
     accuracy_sum has none in h_BTD, weight and bias_V (it is piecewise constant there).
@@ -70,7 +71,7 @@ def head_xent(h_BTD, weight, labels_BT, weights_BT, *, tied, dtype=jnp.float32, 
     shards = jax.device_count() if shards is None else shards
     n, Tc = (1, T) if not chunk_rows else chunking(B, T, chunk_rows, shards)
     return _head_xent(h_BTD, weight, bias_V, labels_BT.astype(jnp.int32), weights_BT.astype(jnp.float32),
-                      bool(tied), jnp.dtype(dtype).name, n, Tc)
+                      bool(tied), jnp.dtype(dtype).name, n, Tc, None if softcap is None else float(softcap))
 
 
 def chunking(B, T, chunk_rows, shards=1):
@@ -82,12 +83,15 @@ def chunking(B, T, chunk_rows, shards=1):
     return n, math.ceil(T / n)
 
 
-def _chunk(h_CD, w, bias_V, labels_C, weights_C, tied, with_grads):
+def _chunk(h_CD, w, bias_V, labels_C, weights_C, tied, with_grads, softcap=None):
     """One chunk: (loss_sum, accuracy_sum, xent_C, correct_C) and, with_grads, (dh_CD, dweight_DV, dbias_V)
     of its loss sum. dweight_DV is [D, V] also when tied (the transposed product is the faster one on CPU)."""
     logits_CV = jnp.einsum("cd,vd->cv" if tied else "cd,dv->cv", h_CD, w, preferred_element_type=jnp.float32)
     if bias_V is not None:
         logits_CV = logits_CV + bias_V
+    if softcap is not None:
+        capped_CV = jnp.tanh(logits_CV / softcap)
+        logits_CV = capped_CV * softcap
     max_C = logits_CV.max(-1)
     exp_CV = jnp.exp(logits_CV - max_C[:, None])
     sumexp_C = exp_CV.sum(-1)
@@ -100,6 +104,8 @@ def _chunk(h_CD, w, bias_V, labels_C, weights_C, tied, with_grads):
     # d(sum_c weight_c * xent_c) / dlogits = weight * (softmax - onehot(label))
     is_label_CV = jax.lax.broadcasted_iota(jnp.int32, logits_CV.shape, 1) == labels_C[:, None]
     dlogits_CV = exp_CV * (weights_C / sumexp_C)[:, None] - jnp.where(is_label_CV, weights_C[:, None], 0.0)
+    if softcap is not None:  # through softcap * tanh(z / softcap): times 1 - tanh^2
+        dlogits_CV = dlogits_CV * (1.0 - jnp.square(capped_CV))
     dbias_V = None if bias_V is None else dlogits_CV.sum(0)
     dlogits_CV = dlogits_CV.astype(w.dtype)
     dh_CD = jnp.einsum("cv,vd->cd" if tied else "cv,dv->cd", dlogits_CV, w, preferred_element_type=jnp.float32)
@@ -120,7 +126,7 @@ def _from_chunks(x_NBC, T):
     return jnp.moveaxis(x_NBC, 0, 1).reshape(B, n * Tc, *x_NBC.shape[3:])[:, :T]
 
 
-def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_grads):
+def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_grads, softcap):
     """Scan the chunks: (loss_sum, accuracy_sum, xent_BT, correct_BT), and with_grads (dh_BTD, dweight,
     dbias_V) in h_BTD's, weight's and bias_V's shapes (float32)."""
     (B, T, D), V = h_BTD.shape, weight.shape[0 if tied else 1]
@@ -132,7 +138,7 @@ def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_
     def body(carry, chunk):
         h_BCD, labels_BC, weights_BC = chunk
         sums, grads = _chunk(h_BCD.reshape(B * Tc, D), w, bias_V, labels_BC.reshape(-1), weights_BC.reshape(-1),
-                             tied, with_grads)
+                             tied, with_grads, softcap)
         loss, accuracy, xent_C, correct_C = sums
         sums = (loss, accuracy, xent_C.reshape(B, Tc), correct_C.reshape(B, Tc))
         if not with_grads:
@@ -151,21 +157,21 @@ def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_
     return sums, (_from_chunks(out[4], T), dweight_DV.T if tied else dweight_DV, dbias_V)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _head_xent(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc):
-    (loss, accuracy, _, _), _ = _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _head_xent(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, softcap):
+    (loss, accuracy, _, _), _ = _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, False, softcap)
     return loss, accuracy
 
 
-def _head_xent_fwd(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc):
+def _head_xent_fwd(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, softcap):
     (loss, accuracy, xent_BT, correct_BT), (dh_BTD, dweight, dbias_V) = _run(
-        h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, True)
+        h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, True, softcap)
     grads = (dh_BTD.astype(h_BTD.dtype), dweight.astype(weight.dtype),
              None if bias_V is None else dbias_V.astype(bias_V.dtype))
     return (loss, accuracy), (grads, xent_BT, correct_BT)
 
 
-def _head_xent_bwd(tied, dtype, n, Tc, res, cotangents):
+def _head_xent_bwd(tied, dtype, n, Tc, softcap, res, cotangents):
     (dh_BTD, dweight, dbias_V), xent_BT, correct_BT = res
     g_loss, g_accuracy = cotangents
 
