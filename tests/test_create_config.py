@@ -149,6 +149,20 @@ def test_param_counts_equal_transformers(name):
     assert count_params(config) == sum(p.numel() for p in hf.parameters())
 
 
+CAUSAL_PRESETS = [name for name, fields in PRESETS.items() if fields["model_type"] in models.CAUSAL_LM_TYPES]
+
+
+@pytest.mark.parametrize("name", CAUSAL_PRESETS)
+def test_causal_param_counts_equal_transformers(name):
+    """Every decoder preset: our count is that of transformers' causal LM of its config (built on the meta
+    device; a tied head shares the embeddings' parameters, counted once)."""
+    import torch
+    config = build_config(name)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    assert count_params(config) == sum(p.numel() for p in hf.parameters())
+
+
 def test_t5_special_ids_from_tokenizer(tmp_path):
     """T5 takes pad and eos from the tokenizer, starts the decoder at pad and has no bos."""
     tok = save_tokenizer(tmp_path / "bpe")  # train_tokenizer.py's bpe layout: <s> 0, <pad> 1, </s> 2

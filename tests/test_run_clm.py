@@ -22,7 +22,7 @@ from flaxlm.training import mesh as meshlib
 from flaxlm.objectives.clm import clm_objective
 from flaxlm.data.rows import documents, from_text
 from flaxlm.data.text import load_raw_text
-from flaxlm.models import MODELS, apply_model, create_model, load_config, load_pretrained, split_model
+from flaxlm.models import apply_model, create_model, load_config, load_pretrained, split_model
 from flaxlm.training.evaluation import evaluate
 
 
@@ -74,30 +74,27 @@ def test_pretrain_export_loads_in_transformers_with_our_loss(model_dir, corpus, 
     assert our_loss(str(out), ids) == pytest.approx(hf_loss(hf, ids), abs=1e-4)
 
 
+# A tiny transformers model of each causal family for fine-tuning: (class, config fields), vocabulary 320
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+FINE_TUNE = {
+    "gpt2": (transformers.GPT2LMHeadModel, dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    "opt": (transformers.OPTForCausalLM, dict(TINY, ffn_dim=48, pad_token_id=1, bos_token_id=0, eos_token_id=2)),
+    "opt-350m-shaped": (transformers.OPTForCausalLM, dict(TINY, ffn_dim=48, do_layer_norm_before=False,
+                                                          word_embed_proj_dim=16, pad_token_id=1, bos_token_id=0,
+                                                          eos_token_id=2)),
+    "llama": (transformers.LlamaForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
+                                                  tie_word_embeddings=False)),
+}
+
+
 def hf_checkpoint(family, vocab_size, seed=0):
     """A tiny transformers model of the family with random weights (noise on every tensor)."""
-    if family.split("-")[0] not in MODELS:
-        pytest.skip(f"{family} is not a flaxlm model family yet")
-    if family == "gpt2":
-        config = transformers.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64)
-        cls = transformers.GPT2LMHeadModel
-    elif family.startswith("opt"):
-        post_ln = family == "opt-350m-shaped"
-        config = transformers.OPTConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, ffn_dim=48,
-                                        num_attention_heads=4, max_position_embeddings=64,
-                                        do_layer_norm_before=not post_ln, word_embed_proj_dim=16 if post_ln else 32,
-                                        pad_token_id=1, bos_token_id=0, eos_token_id=2)
-        cls = transformers.OPTForCausalLM
-    else:
-        config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
-                                          max_position_embeddings=64, tie_word_embeddings=False)
-        cls = transformers.LlamaForCausalLM
+    cls, fields = FINE_TUNE[family]
     torch.manual_seed(seed)
-    return add_noise(cls(config), 0.05, seed).eval()
+    return add_noise(cls(cls.config_class(vocab_size=vocab_size, **fields)), 0.05, seed).eval()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "opt", "opt-350m-shaped", "llama"])
+@pytest.mark.parametrize("family", list(FINE_TUNE))
 def test_fine_tune_a_hugging_face_checkpoint(family, tokenizer_dir, corpus, tmp_path):
     """transformers writes a checkpoint; run_clm_flax fine-tunes it and exports; transformers reloads the export
     and computes our logits."""

@@ -51,4 +51,5 @@ class CausalLM(nnx.Module):
 
     def head(self):
         """The LM head: the token embeddings (tied) or lm_head's kernel."""
-        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype)
+        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype,
+                      softcap=getattr(self, "logit_softcap", None))
