@@ -40,7 +40,9 @@ def main(argv=None):
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer)
+    mesh = meshlib.make_mesh()
+    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
+                               sharding=args.sharding)  # a checkpoint is read straight into its sharding
     check_fits(tokenizer, config)
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "

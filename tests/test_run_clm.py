@@ -186,11 +186,11 @@ def test_block_size_larger_than_the_model(model_dir, corpus, tmp_path):
 def test_wrong_or_unsupported_architecture(model_dir, corpus, tmp_path):
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
     expect_user_error(run_mlm_flax.main, [a for a in args if a not in ("--block_size", "32")], "run_clm_flax.py")
-    other = tmp_path / "mistral"
+    other = tmp_path / "mamba"
     other.mkdir()
-    (other / "config.json").write_text(json.dumps({"model_type": "mistral", "vocab_size": 320}))
+    (other / "config.json").write_text(json.dumps({"model_type": "mamba", "vocab_size": 320}))
     args[args.index("--config_name") + 1] = str(other)
-    expect_user_error(run_clm_flax.main, args, r"holds a mistral model but run_clm_flax.py trains gpt2")
+    expect_user_error(run_clm_flax.main, args, r"holds a mamba model but run_clm_flax.py trains gpt2, opt, llama")
     expect_user_error(run_clm_flax.main, run_args(model_dir, corpus, tmp_path / "o", "--line_by_line"), "line_by_line")
     expect_user_error(run_clm_flax.main, run_args(model_dir, corpus, tmp_path / "o", "--do_predict"),
                       "--do_predict evaluates test text but --train_file .* has none")
@@ -200,3 +200,38 @@ def test_tokenizer_bigger_than_config(model_dir, corpus, tmp_path):
     args = run_args(model_dir, corpus, tmp_path / "o", "--max_steps", "1")
     args[args.index("--config_name") + 1] = with_vocab_size(model_dir, tmp_path)
     expect_user_error(run_clm_flax.main, args, "vocab_size")
+
+
+def test_index_naming_a_missing_shard_writes_nothing(tokenizer_dir, corpus, tmp_path):
+    start = tmp_path / "start"
+    shutil.copytree(tokenizer_dir, start)
+    hf_checkpoint("llama", vocab_size=320).save_pretrained(start, max_shard_size="40KB")
+    index = json.loads((start / "model.safetensors.index.json").read_text())
+    os.remove(start / sorted(set(index["weight_map"].values()))[0])
+    out = tmp_path / "run"
+    expect_user_error(run_clm_flax.main, run_args(str(start), corpus, out, "--max_steps", "2",
+                                                  model_flag="--model_name_or_path"),
+                      "shard .* listed in model.safetensors.index.json is missing; download the whole model again")
+    assert not any(out.iterdir())  # the output directory (created when checked) stays empty
+
+
+def test_bfloat16_params_with_fsdp_continue_a_bfloat16_checkpoint(tokenizer_dir, corpus, tmp_path):
+    """--param_dtype bfloat16 --sharding fsdp from a sharded bfloat16 checkpoint: the params train in bfloat16
+    (the first step changes them), the export is bfloat16 and transformers computes our logits from it."""
+    start = tmp_path / "start"
+    shutil.copytree(tokenizer_dir, start)
+    hf = hf_checkpoint("llama", vocab_size=320).to(torch.bfloat16)
+    hf.save_pretrained(start, max_shard_size="40KB")
+    out = tmp_path / "run"
+    run_clm_flax.main(run_args(str(start), corpus, out, "--max_steps", "2", "--do_eval", "false", "--save_steps", "2",
+                               "--learning_rate", "1e-2", "--sharding", "fsdp", "--param_dtype", "bfloat16",
+                               model_flag="--model_name_or_path"))
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    tuned = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert tuned.dtype == torch.bfloat16
+    assert any(not torch.equal(p, q) for p, q in zip(tuned.parameters(), hf.parameters()))
+    config, ours = load_pretrained(str(out))
+    ids = np.random.default_rng(0).integers(3, 300, (2, 24))
+    with torch.no_grad():
+        ref = tuned.float()(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(ours(jnp.asarray(ids))) - ref).max() < 1e-4

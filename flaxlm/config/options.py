@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 DTYPES = ("float32", "bfloat16", "float16")
+PARAM_DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")  # flaxlm.models.layer_stack
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
@@ -49,7 +50,8 @@ class ModelLoadingArgs:
                                         help="directory (or hub name) holding the tokenizer (default: "
                                              "--model_name_or_path)")
     dtype: str = option("float32", choices=DTYPES, key="task.model.dtype",
-                        help="compute dtype; parameters stay float32 (bfloat16 is the fast choice on TPU/GPU)")
+                        help="compute dtype; parameters stay float32 unless --param_dtype says otherwise (bfloat16 "
+                             "is the fast choice on TPU/GPU)")
 
 
 @dataclass
@@ -77,6 +79,10 @@ class ModelArgs(ModelLoadingArgs):
                                     "less memory for more compute. full keeps nothing (about one more forward pass), "
                                     "dots_saveable keeps the matmul outputs, dots_with_no_batch_dims_saveable those of "
                                     "the weight matmuls only, none keeps everything")
+    param_dtype: str = option("float32", choices=PARAM_DTYPES, key="task.model.param_dtype",
+                              help="dtype of the parameters and optimizer state: float32 master weights (a bfloat16 "
+                                   "checkpoint is read as bfloat16 and converted on the devices), or bfloat16 (half "
+                                   "the memory; updates lose precision; the export is bfloat16)")
     attention_implementation: str = option("auto", choices=ATTENTION_IMPLEMENTATIONS,
                                            key="task.model.attention_implementation",
                                            help="cudnn = fused flash attention on NVIDIA GPUs, bf16/fp16 only (used "

@@ -52,11 +52,13 @@ def _list(names, limit=5):
 
 
 def to_hf_state_dict(config, params):
-    """Our params -> {Hugging Face tensor name: float32 numpy array}, as transformers' save_pretrained writes
-    (for a fine-tuning head's params, as the task's *ForSequenceClassification / *ForQuestionAnswering)."""
+    """Our params -> {Hugging Face tensor name: numpy array}, as transformers' save_pretrained writes (for a
+    fine-tuning head's params, as the task's *ForSequenceClassification / *ForQuestionAnswering): float32, or
+    bfloat16 where the params are (--param_dtype bfloat16)."""
     out = {}
     for hf, path, kind in name_map_of(config, task_of(config, params)).names:
-        x = np.asarray(_get(params, path), dtype=np.float32)
+        x = np.asarray(_get(params, path))
+        x = x if x.dtype.name == "bfloat16" else x.astype(np.float32)
         out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
     return out
 
@@ -79,14 +81,10 @@ def _fill_absent_groups(config, tensors, name_map, absent, init_params, seed, ta
     return tensors
 
 
-def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
-    """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays), for the family's
-    pretraining model (task None) or a fine-tuning task's model (a Head of the family).
-
-    A head the checkpoint lacks entirely (BERT/RoBERTa: the MLM head of a bare encoder; a task's head on a
-    pretrained encoder) comes from `init_params` (default: a fresh init from seed), with a warning. Any other
-    missing, unexpected or wrongly shaped tensor is a UserError.
-    """
+def _matched(config, tensors, init_params, seed, task):
+    """(the name map's [(hf_name, our_path, kind)], the tensors in its names): every expected tensor present with
+    the shape config.json implies, none unexpected (else a UserError naming them); a head the checkpoint lacks
+    entirely filled in from init_params (default: a fresh init from seed), with a warning."""
     name_map = name_map_of(config, task)
     notes = []
     tensors = name_map.normalize(dict(tensors), notes)
@@ -103,11 +101,10 @@ def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
     if unexpected:
         raise UserError(f"checkpoint has unexpected tensor(s) {_list(unexpected)}; it does not match config.json "
                         f"({_describe(config)})")
-    params = {}
     for hf, path, kind in expected:
         want = tuple(_get(shapes, path).shape)
         want_hf = want[::-1] if kind == "linear" else want
-        x = np.asarray(tensors[hf])
+        x = tensors[hf]
         if tuple(x.shape) != want_hf:
             if task is not None and path[0] in name_map.fresh_groups:
                 raise UserError(f"tensor {hf} of the checkpoint's {task.replace('_', ' ')} head has shape "
@@ -115,8 +112,70 @@ def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
                                 f"fine-tune from the pretrained model instead (a checkpoint without this head)")
             raise UserError(f"tensor {hf} has shape {tuple(x.shape)} but config.json implies {want_hf}; "
                             f"use the config.json the checkpoint was saved with")
-        x = x.astype(np.float32)
-        _set(params, path, np.ascontiguousarray(x.T if kind == "linear" else x))
     for note in notes:
         logger.warning("%s", note)
+    return expected, tensors
+
+
+def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
+    """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays), for the family's
+    pretraining model (task None) or a fine-tuning task's model (a Head of the family).
+
+    A head the checkpoint lacks entirely (BERT/RoBERTa: the MLM head of a bare encoder; a task's head on a
+    pretrained encoder) comes from `init_params` (default: a fresh init from seed), with a warning. Any other
+    missing, unexpected or wrongly shaped tensor is a UserError.
+    """
+    expected, tensors = _matched(config, tensors, init_params, seed, task)
+    params = {}
+    for hf, path, kind in expected:
+        x = np.asarray(tensors[hf]).astype(np.float32)
+        _set(params, path, np.ascontiguousarray(x.T if kind == "linear" else x))
     return params
+
+
+def place_hf_state_dict(config, tensors, shardings, *, param_dtype="float32", seed=0, task=None):
+    """from_hf_state_dict's params as jax Arrays, each tensor read straight into its place: shardings is a pytree
+    like the params of jax.sharding.Sharding (the train state's, e.g. fsdp over a mesh). Each device's part of a
+    tensor is read from the checkpoint (a hf_io.LazyTensor reads only that slice of its file), sent in the file's
+    dtype and cast on the device to param_dtype ("float32" master weights, or "bfloat16"), file by file: the host
+    holds one tensor's slices at a time, never the model."""
+    import jax.numpy as jnp
+    from flaxlm.models.hf_io import _OpenFile
+
+    expected, tensors = _matched(config, tensors, None, seed, task)
+    dtype = jnp.dtype(param_dtype)
+    params = {}
+    try:
+        for hf, path, kind in sorted(expected, key=lambda e: str(getattr(tensors[e[0]], "file", ""))):
+            x = _place(tensors[hf], kind == "linear", _get(shardings, path))
+            # waited for, so that the file-dtype copy is freed before the next tensor comes
+            _set(params, path, x if x.dtype == dtype else _cast(x, dtype).block_until_ready())
+    finally:
+        _OpenFile.close()
+    return params
+
+
+def _place(x, transposed, sharding):
+    """The jax Array of tensor x (a numpy array or a LazyTensor; transposed: a torch Linear weight, our kernel is
+    its transpose) with `sharding`, each device's slice read from x as it is needed."""
+    import jax
+
+    shape = tuple(x.shape)[::-1] if transposed else tuple(x.shape)
+
+    def read(index):  # one device's slice of the target array
+        index = tuple(index) + (slice(None),) * (len(shape) - len(tuple(index)))
+        if transposed:
+            return np.ascontiguousarray(x[index[::-1]].T)
+        return np.ascontiguousarray(x[index]) if index else np.asarray(x)
+    return jax.make_array_from_callback(shape, sharding, read)
+
+
+def _cast(x, dtype):
+    import jax
+    global _CAST
+    if _CAST is None:  # elementwise: each device converts its own part, the sharding stays x's
+        _CAST = jax.jit(lambda a, d: a.astype(d), static_argnums=1)
+    return _CAST(x, dtype)
+
+
+_CAST = None

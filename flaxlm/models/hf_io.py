@@ -4,10 +4,18 @@ are named is its family's name map (flaxlm.models.family), the conversion is fla
 
 torch.load(weights_only=True) rebuilds tensors and plain containers only: a file that would run code on loading is
 refused. Without torch installed the user gets the one-line way to convert to safetensors.
+
+A safetensors checkpoint is opened lazily (lazy_checkpoint): each tensor is a LazyTensor that knows its shape and
+dtype from the file's header and reads its bytes, or only a slice of them, when asked; so a checkpoint of billions
+of parameters goes tensor by tensor (or slice by slice, each device's part) to where it belongs, in its own dtype
+(bfloat16 stays bfloat16), and the host never holds a copy of the whole model.
 """
 import json
+import math
 import os
 import tempfile
+
+import numpy as np
 
 from flaxlm.errors import UserError
 
@@ -88,47 +96,138 @@ def has_weights(path):
     return any(os.path.isfile(os.path.join(path, f)) for f in (SAFE_WEIGHTS, SAFE_INDEX)) or has_pickle_checkpoint(path)
 
 
-def _read_checkpoint(path, single, index, fix_index, read):
-    """{name: array} of a checkpoint in `path`: the file `single`, or every shard its `index` file lists, each
-    read by read(file) -> {name: array}. fix_index: what the user should do when the index is unreadable."""
+def _checkpoint_files(path, single, index, fix_index):
+    """The files of a checkpoint in `path`: [single], or every shard its `index` file lists (all checked to exist
+    before anything is read). fix_index: what the user should do when the index is unreadable."""
     index_file = os.path.join(path, index)
     files = [single]
     if os.path.isfile(index_file):
         try:
             with open(index_file) as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
             raise UserError(f"invalid {index_file} ({e}); {fix_index}") from None
-    tensors = {}
     for name in files:
-        file = os.path.join(path, name)
-        if not os.path.isfile(file):
-            raise UserError(f"shard {file} listed in {index} is missing; download the whole model again")
+        if not os.path.isfile(os.path.join(path, name)):
+            raise UserError(f"shard {os.path.join(path, name)} listed in {index} is missing; download the whole "
+                            f"model again")
+    return [os.path.join(path, name) for name in files]
+
+
+def _read_checkpoint(path, single, index, fix_index, read):
+    """{name: array} of every file of a checkpoint, each read by read(file) -> {name: array}."""
+    tensors = {}
+    for file in _checkpoint_files(path, single, index, fix_index):
         tensors.update(read(file))
     return tensors
 
 
-def _read_safetensors_file(file):
-    from safetensors import safe_open
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
+
+def _damaged(file, e):
+    return UserError(f"cannot read {file} ({type(e).__name__}: {e}); the file is damaged, download or export it "
+                     f"again")
+
+
+class _OpenFile:
+    """The one safetensors file being read (safe_open's handle), kept open while its tensors are read in turn and
+    closed when another file is opened: one shard's mapping at a time."""
+    file, handle = None, None
+
+    @classmethod
+    def get(cls, file):
+        from safetensors import safe_open
+        if cls.file != file:
+            cls.close()
+            try:
+                cls.handle = safe_open(file, framework="np")
+            except Exception as e:  # OSError, safetensors' own SafetensorError for a corrupt header
+                raise _damaged(file, e) from None
+            cls.file = file
+        return cls.handle
+
+    @classmethod
+    def close(cls):
+        if cls.handle is not None:
+            cls.handle.__exit__(None, None, None)
+        cls.file, cls.handle = None, None
+
+
+class LazyTensor:
+    """One tensor of a safetensors file, read when used: np.asarray(t) reads it whole, t[index] (a tuple of
+    slices) only those elements, in the file's dtype (bfloat16 as ml_dtypes' bfloat16)."""
+
+    def __init__(self, file, name, shape, dtype):
+        self.file, self.name, self.shape = file, name, tuple(shape)
+        self.dtype = np.dtype(_numpy_dtype(dtype))
+        self.ndim = len(self.shape)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+
+    def __getitem__(self, index):
+        try:
+            return _OpenFile.get(self.file).get_slice(self.name)[index] if self.ndim else np.asarray(self)
+        except UserError:
+            raise
+        except Exception as e:
+            raise _damaged(self.file, e) from None
+
+    def __array__(self, dtype=None, copy=None):
+        try:
+            x = _OpenFile.get(self.file).get_tensor(self.name)
+        except UserError:
+            raise
+        except Exception as e:
+            raise _damaged(self.file, e) from None
+        return x if dtype is None else x.astype(dtype)
+
+    def __getattr__(self, name):  # any other array attribute or method (T, reshape, astype): of the whole tensor
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(np.asarray(self), name)
+
+
+def _numpy_dtype(name):
+    if name not in SAFETENSORS_DTYPES:
+        raise UserError(f"unsupported tensor dtype {name} in a safetensors file; save the model in float32, float16 "
+                        f"or bfloat16")
+    if name == "BF16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return SAFETENSORS_DTYPES[name]
+
+
+def _lazy_file(file):
+    """{name: LazyTensor} of one safetensors file (its header only is read)."""
+    from safetensors import safe_open
     try:
         with safe_open(file, framework="np") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {file} ({e}); the file is damaged, download or export it again") from None
-    except Exception as e:  # safetensors raises its own SafetensorError for corrupt headers
-        raise UserError(f"cannot read {file} ({type(e).__name__}: {e}); the file is damaged, download or "
-                        f"export it again") from None
+            return {k: LazyTensor(file, k, f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+    except UserError:
+        raise
+    except Exception as e:
+        raise _damaged(file, e) from None
+
+
+def lazy_checkpoint(path):
+    """{name: LazyTensor} of model.safetensors or of every shard listed in model.safetensors.index.json (each shard
+    checked to exist first), nothing read but the headers; a PyTorch pickle checkpoint is read whole instead
+    (through torch.load(weights_only=True) only)."""
+    if not any(os.path.isfile(os.path.join(path, f)) for f in (SAFE_WEIGHTS, SAFE_INDEX)):
+        if has_pickle_checkpoint(path):
+            return read_pickle_checkpoint(path)
+        raise UserError(f"no {SAFE_WEIGHTS} in {path}; pass a directory written by save_pretrained")
+    return _read_checkpoint(path, SAFE_WEIGHTS, SAFE_INDEX, "re-save the model", _lazy_file)
 
 
 def read_safetensors(path):
     """{name: numpy array} from model.safetensors or the shards listed in model.safetensors.index.json
-    (else from a pytorch_model.bin, read safely by torch when it is installed)."""
-    if not any(os.path.isfile(os.path.join(path, f)) for f in (SAFE_WEIGHTS, SAFE_INDEX)):
-        if has_pickle_checkpoint(path):
-            return read_pickle_checkpoint(path)  # through torch.load(weights_only=True) only
-        raise UserError(f"no {SAFE_WEIGHTS} in {path}; pass a directory written by save_pretrained")
-    return _read_checkpoint(path, SAFE_WEIGHTS, SAFE_INDEX, "re-save the model", _read_safetensors_file)
+    (else from a pytorch_model.bin, read safely by torch when it is installed); bfloat16 stays bfloat16."""
+    try:
+        return {k: np.asarray(v) for k, v in lazy_checkpoint(path).items()}
+    finally:
+        _OpenFile.close()
 
 
 def read_pickle_checkpoint(path):
@@ -163,12 +262,42 @@ def _atomic_write(path, write):
             os.remove(tmp)
 
 
-def write_safetensors(output_dir, tensors):
-    """{name: numpy array} as output_dir/model.safetensors, with the metadata transformers writes."""
+MAX_SHARD_BYTES = 5 * 10 ** 9  # transformers' default max_shard_size ("5GB")
+
+
+def write_safetensors(output_dir, tensors, max_shard_bytes=MAX_SHARD_BYTES):
+    """{name: numpy array} as output_dir/model.safetensors with the metadata transformers writes; a model larger
+    than max_shard_bytes as shards model-0000i-of-0000n.safetensors listed in model.safetensors.index.json, as
+    transformers' save_pretrained writes them. Weight files of an earlier export in output_dir are replaced."""
     from safetensors.numpy import save_file
 
     os.makedirs(output_dir, exist_ok=True)
-    _atomic_write(os.path.join(output_dir, SAFE_WEIGHTS), lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    shards, size = [{}], 0
+    for name, x in tensors.items():
+        if shards[-1] and size + x.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = x
+        size += x.nbytes
+    names = [SAFE_WEIGHTS] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    _remove_old_weights(output_dir, keep=names)
+    for name, shard in zip(names, shards):
+        _atomic_write(os.path.join(output_dir, name), lambda p, t=shard: save_file(t, p, metadata={"format": "pt"}))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": int(sum(x.nbytes for x in tensors.values()))},
+                 "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
+        _atomic_write(os.path.join(output_dir, SAFE_INDEX),
+                      lambda p: open(p, "w").write(json.dumps(index, indent=2, sort_keys=True) + "\n"))
+
+
+def _remove_old_weights(output_dir, keep):
+    """An earlier export's weight files (single or sharded) that the new one does not overwrite."""
+    import re
+    for name in os.listdir(output_dir):
+        if name not in keep and (name == SAFE_WEIGHTS or name == SAFE_INDEX or
+                                 re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", name)):
+            os.remove(os.path.join(output_dir, name))
 
 
 def write_config(output_dir, config):

@@ -10,51 +10,67 @@ import logging
 
 from flaxlm.models import hf_io
 from flaxlm.models.build import abstract_model, create_model, merge_model, model_class
-from flaxlm.models.convert import from_hf_state_dict, name_map_of, task_of, to_hf_state_dict
+from flaxlm.models.convert import name_map_of, place_hf_state_dict, task_of, to_hf_state_dict
 from flaxlm.models.registry import family_of
 
 logger = logging.getLogger(__name__)
 
 
-def save_config(output_dir, config, task=None):
+def save_config(output_dir, config, task=None, dtype="float32"):
     """Write config.json as the family's Hugging Face class writes it (or the fine-tuning task's class: with
-    num_labels, id2label, label2id, problem_type), with its architecture and the tie_word_embeddings that
-    transformers 4.x and 5.x both read right (T5 v1.1: false)."""
+    num_labels, id2label, label2id, problem_type), with its architecture, the tie_word_embeddings that
+    transformers 4.x and 5.x both read right (T5 v1.1: false) and the weights' dtype."""
     family = family_of(config)
     config = copy.deepcopy(config)
     config.architectures = [name_map_of(config, task).architecture]
     config.tie_word_embeddings = family.tie_word_embeddings(config)
-    config.dtype = "float32"
+    config.dtype = dtype
     hf_io.write_config(output_dir, config)
 
 
-def save_pretrained(output_dir, config, params):
-    """Write config.json and model.safetensors (float32) loadable by transformers' from_pretrained of the
-    family's architecture (AutoModelForMaskedLM, T5ForConditionalGeneration), or for a fine-tuning head's
-    params by AutoModelForSequenceClassification / AutoModelForQuestionAnswering."""
-    hf_io.write_safetensors(output_dir, to_hf_state_dict(config, params))
-    save_config(output_dir, config, task_of(config, params))
+def save_pretrained(output_dir, config, params, max_shard_bytes=hf_io.MAX_SHARD_BYTES):
+    """Write config.json and model.safetensors (float32; bfloat16 when the params are, --param_dtype bfloat16)
+    loadable by transformers' from_pretrained of the family's architecture (AutoModelForMaskedLM,
+    T5ForConditionalGeneration), or for a fine-tuning head's params by AutoModelForSequenceClassification /
+    AutoModelForQuestionAnswering. A model over max_shard_bytes is written in shards with their index, as
+    transformers writes it."""
+    tensors = to_hf_state_dict(config, params)
+    hf_io.write_safetensors(output_dir, tensors, max_shard_bytes)
+    dtypes = {x.dtype.name for x in tensors.values()}
+    save_config(output_dir, config, task_of(config, params), "bfloat16" if dtypes == {"bfloat16"} else "float32")
 
 
-def _load(path, config, dtype, seed, task, execution):
-    """The model of `config` (task None: its pretraining model) with the weights in directory `path`."""
+def _load(path, config, dtype, seed, task, execution, shardings=None, param_dtype="float32"):
+    """The model of `config` (task None: its pretraining model) with the weights in directory `path`, each
+    tensor read straight to its place: shardings(abstract params) -> a pytree of shardings (None: all on the
+    default device)."""
     import jax
-    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
 
-    graphdef, _ = abstract_model(config, dtype, task, execution)
-    params = from_hf_state_dict(config, hf_io.read_safetensors(path), seed=seed, task=task)
-    return merge_model(graphdef, jax.tree.map(jnp.asarray, params))
+    graphdef, abstract = abstract_model(config, dtype, task, execution)
+    if shardings is None:
+        shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), abstract)
+    else:
+        shardings = shardings(abstract)
+    params = place_hf_state_dict(config, hf_io.lazy_checkpoint(path), shardings, param_dtype=param_dtype, seed=seed,
+                                 task=task)
+    return merge_model(graphdef, params)
 
 
-def load_pretrained(path, dtype="float32", *, seed=0, execution=None):
+def load_pretrained(path, dtype="float32", *, seed=0, execution=None, shardings=None, param_dtype="float32"):
     """(config, model) from a directory holding config.json + safetensors (or a hub name); compute in dtype,
     the layers run as `execution` says (flaxlm.models.layer_stack.Execution; None: a plain loop).
+
+    The weights are read tensor by tensor (a sharded checkpoint shard by shard) straight into their places:
+    shardings(abstract params) gives a sharding per parameter (e.g. flaxlm.training.sharding.state_shardings over
+    a mesh; None: the default device). They are sent in the checkpoint's dtype and kept as param_dtype ("float32"
+    master weights, or "bfloat16").
 
     A bare BERT/RoBERTa encoder checkpoint gets a fresh MLM head initialized from `seed` (logged as a warning).
     """
     path = hf_io.resolve_dir(path)
     config = hf_io.load_config(path)
-    return config, _load(path, config, dtype, seed, None, execution)
+    return config, _load(path, config, dtype, seed, None, execution, shardings, param_dtype)
 
 
 def task_config(config, task, *, num_labels=None, id2label=None, problem_type=None):
@@ -78,7 +94,7 @@ def task_config(config, task, *, num_labels=None, id2label=None, problem_type=No
 
 
 def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2label=None, problem_type=None,
-                  execution=None):
+                  execution=None, param_dtype="float32"):
     """(config, model) for fine-tuning: the encoder in directory `path` (a masked-LM export, a bare encoder or a
     checkpoint that has this task's head already) with the task's head (a Head of its family: BERT/RoBERTa's
     "sequence_classification" or "question_answering"). A head the checkpoint lacks starts fresh from `seed`
@@ -93,4 +109,4 @@ def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2la
         logger.warning("no weights in %s (only config.json): the %s model starts freshly initialized", path,
                        config.model_type)
         return config, create_model(config, dtype=dtype, seed=seed, task=task, execution=execution)
-    return config, _load(path, config, dtype, seed, task, execution)
+    return config, _load(path, config, dtype, seed, task, execution, param_dtype=param_dtype)

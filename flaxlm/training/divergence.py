@@ -12,12 +12,14 @@ from flaxlm.errors import UserError
 
 
 def apply_if_finite(finite, tx, grads, opt_state, params):
-    """(params, opt_state) after the optimizer step where `finite` (a scalar bool), else both unchanged.
+    """(params, opt_state) after the optimizer step where `finite` (a scalar bool), else both unchanged, in
+    their own dtypes (--param_dtype bfloat16: a float32 learning rate does not promote them).
     A lax.cond, so only the taken branch runs and the donated state is updated in place; selecting between
     the old and the new state leaf by leaf made XLA keep a copy of every optimizer-state buffer."""
     def step(p, o, g):
-        updates, o = tx.update(g, o, p)
-        return optax.apply_updates(p, updates), o
+        updates, new_o = tx.update(g, o, p)
+        same_dtypes = lambda new, old: jax.tree.map(lambda a, b: a.astype(b.dtype), new, old)  # noqa: E731
+        return same_dtypes(optax.apply_updates(p, updates), p), same_dtypes(new_o, o)  # bfloat16 params stay so
     return jax.lax.cond(finite, step, lambda p, o, g: (p, o), params, opt_state, grads)
 
 

@@ -29,7 +29,7 @@ NO_MODEL_HINTS = {
 }
 
 
-def load_model(model_args, seed, script=None, task=None, tokenizer=None, **labels):
+def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=None, sharding="data", **labels):
     """(config, model) a script trains: continued from --model_name_or_path, or new from --config_name, or (when
     pretraining, given the tokenizer) new from --model_type's default config sized to the tokenizer, with
     --config_overrides, as Hugging Face's scripts built it.
@@ -37,7 +37,10 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, **label
     Pretraining (task None): the family's pretraining model; the config's model_type must be one of the families
     `script` pretrains (Family.script). Fine-tuning (task "sequence_classification" or "question_answering"): the
     encoder with that task's head (fresh unless the checkpoint has one; flaxlm.models.load_for_task), on a family
-    that has the head; labels: the classifier's id2label / num_labels / problem_type (task_config)."""
+    that has the head; labels: the classifier's id2label / num_labels / problem_type (task_config).
+
+    The parameters are --param_dtype. Given the mesh, a pretrained model's tensors are read straight into the
+    train state's sharding (`sharding`: data or fsdp), a sharded checkpoint shard by shard."""
     from flaxlm.models import create_model, load_config, load_for_task, load_pretrained, model_class, task_config
     from flaxlm.models.hf_io import has_weights, resolve_dir
     check_model_type_known(model_args.model_type, script, task)
@@ -55,16 +58,34 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, **label
         model_class(config, task)  # UserError unless the family has the task's head
     check_model_type(model_args, config)
     execution = model_execution(model_args)
+    param_dtype = getattr(model_args, "param_dtype", "float32")
     if not model_args.model_name_or_path:  # new, from --config_name or --model_type
         if task is not None:
             config = task_config(config, task, **labels)
-        return config, create_model(config, dtype=model_args.dtype, seed=seed, task=task, execution=execution)
+        model = create_model(config, dtype=model_args.dtype, seed=seed, task=task, execution=execution)
+        return config, with_param_dtype(model, param_dtype)
     if task is None:
-        return load_pretrained(path, dtype=model_args.dtype, execution=execution)
+        shardings = None
+        if mesh is not None:
+            from flaxlm.training.sharding import state_shardings
+            shardings = lambda abstract: state_shardings(abstract, mesh, sharding)  # noqa: E731
+        return load_pretrained(path, dtype=model_args.dtype, execution=execution, shardings=shardings,
+                               param_dtype=param_dtype)
     if not has_weights(resolve_dir(path)):  # fine-tuning starts from trained weights; --config_name starts fresh
         raise UserError(f"no model weights (model.safetensors) in {path}; pass a pretrained model directory, or "
                         f"--config_name {path} to train from scratch")
-    return load_for_task(path, task, dtype=model_args.dtype, seed=seed, execution=execution, **labels)
+    return load_for_task(path, task, dtype=model_args.dtype, seed=seed, execution=execution, param_dtype=param_dtype,
+                         **labels)
+
+
+def with_param_dtype(model, param_dtype):
+    """The model with its parameters in param_dtype (a new model's are float32)."""
+    if param_dtype == "float32":
+        return model
+    import jax
+    from flaxlm.models import merge_model, split_model
+    graphdef, params = split_model(model)
+    return merge_model(graphdef, jax.tree.map(lambda x: x.astype(param_dtype), params))
 
 
 def default_config(model_args, tokenizer):
