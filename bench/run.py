@@ -11,6 +11,8 @@
     python bench/run.py --tasks t5 --steps 20 --json /tmp/bench.json
     python bench/run.py --tasks clm --rounds 3                 # ours and the reference 3 times in turn: medians
     python bench/run.py --scan_layers --remat_policy dots_saveable   # speed switches (flaxlm.models execution)
+    XLA_FLAGS=--xla_force_host_platform_device_count=32 python bench/run.py --suite gpu --memory_only --tasks clm \
+        --preset mistral-7b --seq 2048 --sharding fsdp --scan_layers --remat_policy full   # a memory plan
 
 Suites and targets: bench/setups.py. Per objective and config it reports the step time (median over the
 timed steps, run as the training loop runs them: each step dispatched before the previous one is read, so
@@ -56,6 +58,7 @@ from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # n
 from flaxlm.errors import UserError, run_main  # noqa: E402
 from flaxlm.models import count_params, create_model, split_model  # noqa: E402
 from flaxlm.models.layer_stack import Execution  # noqa: E402
+from flaxlm.models.presets import build_config  # noqa: E402
 from flaxlm.training.train_step import BatchLayout, compile_train_step, initial_state  # noqa: E402
 
 HF_REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "hf_reference.py")
@@ -73,7 +76,7 @@ def build_objective(task, c, dtype, execution, abstract, head_chunk_rows=None):
     """(params, Objective, raw row length) of the training objective for setup c; abstract: parameters as
     jax.ShapeDtypeStruct, nothing allocated."""
     from flax import nnx
-    config = hf_config(task, c)
+    config = build_config(c["preset"]) if c.get("preset") else hf_config(task, c)
 
     def model():
         return create_model(config, dtype=dtype, seed=0, execution=execution)
@@ -107,8 +110,10 @@ def compile_step(task, c, a):
         raise UserError(f"batch {c['batch']} does not divide over {mesh.size} devices; run on fewer devices")
     layout = BatchLayout.plan(c["batch"], 1, mesh, objective.tokens_per_example, a.cpu_chunk_tokens)
     tx = optax.adamw(1e-4, weight_decay=0.01)
-    state_shapes = jax.eval_shape(lambda p: initial_state(p, tx, mesh, "data")[0], params)
-    shardings = state_shardings(state_shapes, mesh, "data")
+    if a.param_dtype != "float32":
+        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, a.param_dtype), params)
+    state_shapes = jax.eval_shape(lambda p: initial_state(p, tx, mesh, a.sharding)[0], params)
+    shardings = state_shardings(state_shapes, mesh, a.sharding)
     step = compile_train_step(objective.loss_sums, tx, layout, shardings, donate=not a.no_donate)
     ids = np.random.default_rng(0).integers(5, c["vocab"] - 100, size=(c["batch"], row_len)).astype(np.int32)
 
@@ -121,7 +126,16 @@ def compile_step(task, c, a):
     compiled = step.lower(state_shapes, batch_shapes, key).compile()
     return SimpleNamespace(compiled=compiled, compile_s=round(time.perf_counter() - t, 2), params=params,
                            objective=objective, chunks=layout.chunks, mesh=mesh, tx=tx, data=layout.sharding, key=key,
-                           host_batch=host_batch)
+                           host_batch=host_batch, state_bytes=per_device_state_bytes(state_shapes, shardings))
+
+
+def per_device_state_bytes(state_shapes, shardings):
+    """{"params", "optimizer"}: the bytes one device holds of the train state's parameters and optimizer state."""
+    def held(tree, tree_shardings):
+        return int(sum(np.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+                       for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(tree_shardings))))
+    return {"params": held(state_shapes["params"], shardings["params"]),
+            "optimizer": held(state_shapes["opt_state"], shardings["opt_state"])}
 
 
 def bench_task(task, c, a):
@@ -137,6 +151,7 @@ def bench_task(task, c, a):
                                      "temp": mem.temp_size_in_bytes, "aliased": mem.alias_size_in_bytes}
     estimate = parts["arguments"] + parts["outputs"] + parts["temp"] - parts["aliased"] if parts else None
     r = {"config": c["name"], "dtype": a.dtype, "device": jax.devices()[0].device_kind, "devices": mesh.size,
+         "sharding": a.sharding, "param_dtype": a.param_dtype, "state_bytes_per_device": built.state_bytes,
          "params": count_params(params), "batch": c["batch"], "tokens_per_example": objective.tokens_per_example,
          "chunks": chunks, "compile_s": built.compile_s, "memory_estimate_bytes": estimate,
          "memory_estimate_parts": parts, "memory_bytes": estimate,
@@ -287,7 +302,8 @@ def print_table(task, c, r):
         sign = "<=" if name in ("step_s", "memory_gib") else ">="
         return f"target {sign} {fmt(t['target'])}: " + {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
 
-    head = f"{OBJECTIVES[task]} | {describe(c)}" + (f", target {r['target_length']}" if "target_length" in r else "")
+    label = "causal LM" if c.get("preset") else OBJECTIVES[task]
+    head = f"{label} | {describe(c)}" + (f", target {r['target_length']}" if "target_length" in r else "")
     print(f"\n== {head} | {r.get('dtype')} | {r.get('device')} x{r.get('devices')} ==")
     if "error" in r:
         print(f"  {r['error']}")
@@ -307,6 +323,13 @@ def print_table(task, c, r):
     if r["memory_source"].startswith("compiler"):
         rows.append(("  estimate parts", "", ", ".join(f"{k} {v / GIB:.3f}" for k, v in
                                                      r["memory_estimate_parts"].items()) + " GiB"))
+    held = r["state_bytes_per_device"]
+    rows.append(("per device", f"{held['params'] / GIB:.3f} GiB", f"parameters ({r['param_dtype']}, --sharding "
+                                                                  f"{r['sharding']}); optimizer state "
+                                                                  f"{held['optimizer'] / GIB:.3f} GiB; activations "
+                                                                  f"and temporaries "
+                                                                  f"{r['memory_estimate_parts'].get('temp', 0) / GIB:.3f}"
+                                                                  f" GiB (compiler)"))
     if "rounds" in r:
         rows.append(("rounds", f"{len(r['rounds'])}", "tokens/s and ratios: medians over the rounds"))
         for i, x in enumerate(r["rounds"]):
@@ -352,9 +375,28 @@ def parse_args(argv):
     p.add_argument("--no_donate", action="store_true", help="do not donate the train state's buffers to the step")
     p.add_argument("--sync_every_step", action="store_true",
                    help="wait for each step before preparing the next batch (turns off the host/device overlap)")
+    p.add_argument("--preset", help="clm: a create_config.py preset (mistral-7b, gemma-2-9b, ...) instead of the "
+                                    "suite's GPT-2 shape")
+    p.add_argument("--seq", type=int, help="tokens per row (default: the suite's; 2048 with --preset)")
+    p.add_argument("--batch", type=int, help="global batch in rows (default: the suite's; one row per device with "
+                                             "--preset)")
+    p.add_argument("--sharding", choices=["data", "fsdp"], default="data", help="where the train state lives")
+    p.add_argument("--param_dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # bench_in_own_process's child
     a = p.parse_args(argv)
     suite = SUITES[a.suite]
+    if a.preset:
+        if a.tasks != ["clm"]:
+            raise UserError("--preset names a causal LM; add --tasks clm")
+        config = build_config(a.preset)
+        suite = SUITES[a.suite] = {**suite, "tasks": {**suite["tasks"], "clm": dict(
+            name=a.preset, preset=a.preset, vocab=config.vocab_size, hidden=config.hidden_size,
+            layers=config.num_hidden_layers, heads=config.num_attention_heads, ff=config.intermediate_size,
+            seq=a.seq or 2048, batch=a.batch or jax.device_count())}}
+    elif a.seq or a.batch:
+        for task in a.tasks:
+            suite["tasks"][task] = {**suite["tasks"][task], **({"seq": a.seq} if a.seq else {}),
+                                    **({"batch": a.batch} if a.batch else {})}
     a.steps = suite["steps"] if a.steps is None else a.steps
     a.dtype = a.dtype or suite["dtype"]
     a.cpu_chunk_tokens = suite["cpu_chunk_tokens"] if a.cpu_chunk_tokens is None else a.cpu_chunk_tokens

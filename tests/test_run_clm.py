@@ -235,3 +235,33 @@ def test_bfloat16_params_with_fsdp_continue_a_bfloat16_checkpoint(tokenizer_dir,
     with torch.no_grad():
         ref = tuned.float()(torch.tensor(ids)).logits.numpy()
     assert np.abs(np.asarray(ours(jnp.asarray(ids))) - ref).max() < 1e-4
+
+
+def test_continue_mistral_recipe_on_a_tiny_mistral(tokenizer_dir, corpus, tmp_path):
+    """configs/continue-mistral-7b.yaml end to end (bf16 compute, fsdp, remat, scan, its learning rate and
+    warmup, evaluation from the start) on a tiny Mistral that transformers wrote in bfloat16 shards, with only
+    the sizes made tiny: it trains, evaluates the held-out text, and the export loads in transformers."""
+    start = tmp_path / "start"
+    shutil.copytree(tokenizer_dir, start)
+    config = transformers.MistralConfig(vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+                                        sliding_window=16)
+    torch.manual_seed(0)
+    add_noise(transformers.MistralForCausalLM(config), 0.05).to(torch.bfloat16).save_pretrained(
+        start, max_shard_size="40KB")
+    out = tmp_path / "run"
+    recipe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                          "continue-mistral-7b.yaml")
+    run_clm_flax.main(["--config_file", recipe, "--output_dir", str(out), "--model_name_or_path", str(start),
+                       "--train_file", corpus["train"], "--validation_file", corpus["validation"],
+                       "--block_size", "32", "--gradient_accumulation_steps", "2", "--max_steps", "4",
+                       "--warmup_steps", "2", "--eval_steps", "2", "--save_steps", "4", "--logging_steps", "1"])
+    evals = read_metrics(out, "eval")
+    assert [r["step"] for r in evals] == [0, 2, 4] and all(np.isfinite(r["loss"]) for r in evals)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf) is transformers.MistralForCausalLM
+    _, ours = load_pretrained(str(out))
+    ids = np.random.default_rng(0).integers(3, 300, (2, 24))
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(ours(jnp.asarray(ids))) - ref).max() < 1e-4
