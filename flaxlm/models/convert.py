@@ -135,29 +135,24 @@ def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
 
 def place_hf_state_dict(config, tensors, shardings, *, param_dtype="float32", seed=0, task=None):
     """from_hf_state_dict's params as jax Arrays, each tensor read straight into its place: shardings is a pytree
-    like the params of jax.sharding.Sharding (the train state's, e.g. fsdp over a mesh). Each device's part of a
-    tensor is read from the checkpoint (a hf_io.LazyTensor reads only that slice of its file), sent in the file's
-    dtype and cast on the device to param_dtype ("float32" master weights, or "bfloat16"), file by file: the host
-    holds one tensor's slices at a time, never the model."""
+    like the params of jax.sharding.Sharding (the train state's, e.g. fsdp over a mesh). One tensor at a time (a
+    hf_io.LazyTensor is read when its turn comes), each device gets its slice in the file's dtype and casts it to
+    param_dtype ("float32" master weights, or "bfloat16"): the host holds one tensor, never the model."""
     import jax.numpy as jnp
-    from flaxlm.models.hf_io import _OpenFile
 
     expected, tensors = _matched(config, tensors, None, seed, task)
     dtype = jnp.dtype(param_dtype)
     params = {}
-    try:
-        for hf, path, kind in sorted(expected, key=lambda e: str(getattr(tensors[e[0]], "file", ""))):
-            x = _place(tensors[hf], kind == "linear", _get(shardings, path))
-            # waited for, so that the file-dtype copy is freed before the next tensor comes
-            _set(params, path, x if x.dtype == dtype else _cast(x, dtype).block_until_ready())
-    finally:
-        _OpenFile.close()
+    for hf, path, kind in expected:
+        x = _place(np.asarray(tensors[hf]), kind == "linear", _get(shardings, path))
+        # waited for, so that the host's copy and the file-dtype one are freed before the next tensor comes
+        _set(params, path, (x if x.dtype == dtype else _cast(x, dtype)).block_until_ready())
     return params
 
 
 def _place(x, transposed, sharding):
-    """The jax Array of tensor x (a numpy array or a LazyTensor; transposed: a torch Linear weight, our kernel is
-    its transpose) with `sharding`, each device's slice read from x as it is needed."""
+    """The jax Array of numpy tensor x (transposed: a torch Linear weight, our kernel is its transpose) with
+    `sharding`: each device gets its slice."""
     import jax
 
     shape = tuple(x.shape)[::-1] if transposed else tuple(x.shape)

@@ -6,9 +6,9 @@ torch.load(weights_only=True) rebuilds tensors and plain containers only: a file
 refused. Without torch installed the user gets the one-line way to convert to safetensors.
 
 A safetensors checkpoint is opened lazily (lazy_checkpoint): each tensor is a LazyTensor that knows its shape and
-dtype from the file's header and reads its bytes, or only a slice of them, when asked; so a checkpoint of billions
-of parameters goes tensor by tensor (or slice by slice, each device's part) to where it belongs, in its own dtype
-(bfloat16 stays bfloat16), and the host never holds a copy of the whole model.
+dtype from the file's header and reads its bytes when asked; so a checkpoint of billions of parameters goes tensor
+by tensor to where it belongs, in its own dtype (bfloat16 stays bfloat16), and the host never holds a copy of the
+whole model.
 """
 import json
 import math
@@ -131,56 +131,30 @@ def _damaged(file, e):
                      f"again")
 
 
-class _OpenFile:
-    """The one safetensors file being read (safe_open's handle), kept open while its tensors are read in turn and
-    closed when another file is opened: one shard's mapping at a time."""
-    file, handle = None, None
-
-    @classmethod
-    def get(cls, file):
-        from safetensors import safe_open
-        if cls.file != file:
-            cls.close()
-            try:
-                cls.handle = safe_open(file, framework="np")
-            except Exception as e:  # OSError, safetensors' own SafetensorError for a corrupt header
-                raise _damaged(file, e) from None
-            cls.file = file
-        return cls.handle
-
-    @classmethod
-    def close(cls):
-        if cls.handle is not None:
-            cls.handle.__exit__(None, None, None)
-        cls.file, cls.handle = None, None
-
-
 class LazyTensor:
-    """One tensor of a safetensors file, read when used: np.asarray(t) reads it whole, t[index] (a tuple of
-    slices) only those elements, in the file's dtype (bfloat16 as ml_dtypes' bfloat16)."""
+    """One tensor of a safetensors file, read when used: np.asarray(t) reads exactly its bytes (into memory of
+    its own, in the file's dtype: bfloat16 as ml_dtypes' bfloat16). The file is not memory-mapped: a mapping
+    keeps every page it touched resident while it is open, a read buffer is freed with the array."""
 
-    def __init__(self, file, name, shape, dtype):
-        self.file, self.name, self.shape = file, name, tuple(shape)
-        self.dtype = np.dtype(_numpy_dtype(dtype))
+    def __init__(self, file, name, shape, dtype, offset):
+        self.file, self.name, self.shape, self.offset = file, name, tuple(shape), offset
+        self.dtype = np.dtype(_numpy_dtype(dtype)).newbyteorder("<")  # safetensors is little-endian
         self.ndim = len(self.shape)
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
-
-    def __getitem__(self, index):
-        try:
-            return _OpenFile.get(self.file).get_slice(self.name)[index] if self.ndim else np.asarray(self)
-        except UserError:
-            raise
-        except Exception as e:
-            raise _damaged(self.file, e) from None
+        self.size = math.prod(self.shape)
+        self.nbytes = self.size * self.dtype.itemsize
 
     def __array__(self, dtype=None, copy=None):
         try:
-            x = _OpenFile.get(self.file).get_tensor(self.name)
-        except UserError:
-            raise
-        except Exception as e:
+            x = np.fromfile(self.file, dtype=self.dtype, count=self.size, offset=self.offset)
+        except (OSError, ValueError) as e:
             raise _damaged(self.file, e) from None
+        if x.size != self.size:
+            raise _damaged(self.file, EOFError(f"tensor {self.name} is cut short"))
+        x = x.reshape(self.shape)
         return x if dtype is None else x.astype(dtype)
+
+    def __getitem__(self, index):
+        return np.asarray(self)[index]
 
     def __getattr__(self, name):  # any other array attribute or method (T, reshape, astype): of the whole tensor
         if name.startswith("__"):
@@ -199,14 +173,24 @@ def _numpy_dtype(name):
 
 
 def _lazy_file(file):
-    """{name: LazyTensor} of one safetensors file (its header only is read)."""
-    from safetensors import safe_open
+    """{name: LazyTensor} of one safetensors file, from its header: 8 bytes of header length (little-endian),
+    then a JSON object {name: {dtype, shape, data_offsets: [begin, end]} relative to the header's end}."""
     try:
-        with safe_open(file, framework="np") as f:
-            return {k: LazyTensor(file, k, f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= os.path.getsize(file) - 8:
+                raise ValueError(f"header length {size} does not fit the file")
+            header = json.loads(f.read(size))
+        tensors = {}
+        for name, meta in header.items():
+            if name != "__metadata__":
+                tensors[name] = LazyTensor(file, name, meta["shape"], meta["dtype"], 8 + size + meta["data_offsets"][0])
+                if meta["data_offsets"][1] - meta["data_offsets"][0] != tensors[name].nbytes:
+                    raise ValueError(f"tensor {name}'s bytes do not match its shape and dtype")
+        return tensors
     except UserError:
         raise
-    except Exception as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise _damaged(file, e) from None
 
 
@@ -224,10 +208,7 @@ def lazy_checkpoint(path):
 def read_safetensors(path):
     """{name: numpy array} from model.safetensors or the shards listed in model.safetensors.index.json
     (else from a pytorch_model.bin, read safely by torch when it is installed); bfloat16 stays bfloat16."""
-    try:
-        return {k: np.asarray(v) for k, v in lazy_checkpoint(path).items()}
-    finally:
-        _OpenFile.close()
+    return {k: np.asarray(v) for k, v in lazy_checkpoint(path).items()}
 
 
 def read_pickle_checkpoint(path):
