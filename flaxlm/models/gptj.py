@@ -29,7 +29,7 @@ from flaxlm.models.llama import fused_dense, inverse_frequencies
 def rope_pairs(x_BTNH, positions_BT, inv_freq):
     """x's first 2R features rotated by angle position * inv_freq [R] in interleaved pairs (2i, 2i + 1), GPT-J's
     rotate_every_two; the rest pass unchanged. Computed in float32; returns x's dtype."""
-    (B, T, N, H), R = x_BTNH.shape, len(inv_freq)
+    (B, T, N, _), R = x_BTNH.shape, len(inv_freq)
     angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
     cos_BT1R, sin_BT1R = jnp.cos(angle_BTR)[:, :, None], jnp.sin(angle_BTR)[:, :, None]
     x_BTNH32 = x_BTNH.astype(jnp.float32)
