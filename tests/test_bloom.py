@@ -1,6 +1,7 @@
 """BLOOM: what the parity checks of every family (tests/test_parity.py) do not cover: the ALiBi slopes of head
-counts beyond the table's (transformers' build_alibi_tensor), the config it refuses, the initialization, and
-pretraining from --model_type bloom with the default block size (no positions limit)."""
+counts beyond the table's (transformers' build_alibi_tensor), the config it refuses, the initialization,
+pretraining from --model_type bloom with the default block size (no positions limit), and bare checkpoints (as the
+hub's are saved)."""
 import numpy as np
 import pytest
 import torch
@@ -11,7 +12,7 @@ import run_clm_flax
 from flaxlm import models
 from flaxlm.errors import UserError
 from flaxlm.models.bloom import alibi_slopes
-from parity import assert_initialized_like_transformers
+from parity import assert_initialized_like_transformers, assert_same_params
 from run_helpers import read_metrics
 from test_parity import CASE
 
@@ -57,3 +58,12 @@ def test_block_size_has_no_positions_limit():
     tokenizer = SimpleNamespace(model_max_length=int(1e30))  # a tokenizer without a length
     assert resolve_block_size(None, None, tokenizer, BLOOM.config()) == MAX_BLOCK_SIZE
     assert resolve_block_size(4096, None, tokenizer, BLOOM.config()) == 4096
+
+
+def test_bare_checkpoint_with_old_buffers_loads():
+    """A checkpoint without the 'transformer.' prefix (the bare model), with the buffers older transformers saved:
+    the same parameters."""
+    config = BLOOM.config()
+    tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    bare = {name.removeprefix("transformer."): x for name, x in tensors.items()}
+    assert_same_params(models.from_hf_state_dict(config, bare), models.from_hf_state_dict(config, tensors))

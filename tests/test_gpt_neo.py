@@ -1,6 +1,6 @@
 """GPT-Neo: what the parity checks of every family (tests/test_parity.py) do not cover: the per-layer pattern of
 local windows from attention_types, the attention types it refuses, --scan_layers on mixed and on uniform layers,
-and the initialization."""
+the initialization, and bare checkpoints with old buffers."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ import transformers
 from flaxlm import models
 from flaxlm.errors import UserError
 from flaxlm.models.layer_stack import Execution
-from parity import assert_initialized_like_transformers, batch, jnp_args
+from parity import assert_initialized_like_transformers, assert_same_params, batch, jnp_args
 from test_parity import CASE
 
 NEO = CASE["gpt_neo-global-local"]
@@ -45,3 +45,14 @@ def test_initialized_like_transformers():
                                        initializer_range=0.05)
     assert_initialized_like_transformers(config, transformers.GPTNeoForCausalLM,
                                          lambda name: name.endswith(".bias") or ".ln_" in name)
+
+
+def test_bare_checkpoint_with_old_buffers_loads():
+    """A checkpoint without the 'transformer.' prefix (the bare model), with the buffers older transformers saved:
+    the same parameters."""
+    config = NEO.config()
+    tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    bare = {name.removeprefix("transformer."): x for name, x in tensors.items()}
+    bare["h.0.attn.attention.bias"] = np.tril(np.ones((1, 1, 40, 40), bool))
+    bare["h.0.attn.attention.masked_bias"] = np.asarray(-1e9, np.float32)
+    assert_same_params(models.from_hf_state_dict(config, bare), models.from_hf_state_dict(config, tensors))

@@ -1,5 +1,5 @@
 """GPT-J: what the parity checks of every family (tests/test_parity.py) do not cover: the rotary widths it
-refuses, the LM head's bias in the fused head + loss, and the initialization."""
+refuses, the LM head's bias in the fused head + loss, the initialization, and bare checkpoints with old buffers."""
 import jax
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import transformers
 
 from flaxlm import models
 from flaxlm.errors import UserError
-from parity import assert_initialized_like_transformers, randomize
+from parity import assert_initialized_like_transformers, assert_same_params, randomize
 from test_parity import CASE
 
 GPTJ = CASE["gptj-partial-rotary"]
@@ -38,3 +38,15 @@ def test_initialized_like_transformers():
                                      initializer_range=0.05)
     assert_initialized_like_transformers(config, transformers.GPTJForCausalLM,
                                          lambda name: name.endswith(".bias") or ".ln_" in name)
+
+
+def test_bare_checkpoint_with_old_buffers_loads():
+    """A checkpoint without the 'transformer.' prefix (the bare model), with the buffers older transformers saved:
+    the same parameters."""
+    config = GPTJ.config()
+    tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config))[1])
+    bare = {name.removeprefix("transformer."): x for name, x in tensors.items()}
+    bare["h.1.attn.bias"] = np.tril(np.ones((1, 1, 40, 40), bool))
+    bare["h.1.attn.masked_bias"] = np.asarray(-1e9, np.float32)
+    bare["h.1.attn.embed_positions"] = np.zeros((40, 4), np.float32)
+    assert_same_params(models.from_hf_state_dict(config, bare), models.from_hf_state_dict(config, tensors))
