@@ -69,7 +69,8 @@ CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.Bert
                 "electra": transformers.ElectraConfig,
                 "xlm-roberta": transformers.XLMRobertaConfig, "camembert": transformers.CamembertConfig,
                 "modernbert": transformers.ModernBertConfig, "deberta-v2": transformers.DebertaV2Config,
-                "mt5": transformers.MT5Config, "umt5": transformers.UMT5Config}
+                "mt5": transformers.MT5Config, "umt5": transformers.UMT5Config, "gpt_neo": transformers.GPTNeoConfig,
+                "gptj": transformers.GPTJConfig, "bloom": transformers.BloomConfig}
 
 
 def config_value(config, key):
@@ -133,6 +134,13 @@ def test_param_counts_match_known_sizes():
     assert count_params(build_config("opt-350m")) == 331_196_416
     assert 95e6 < count_params(build_config("llama-100m")) < 105e6
     assert count_params(build_config("mt5-small")) == 300_176_768  # google/mt5-small, lm_head untied
+    # EleutherAI/gpt-neo-125m, 1.3b, bigscience/bloom-560m, bloom-1b7 (their model cards' counts); EleutherAI/gpt-j-6b:
+    # transformers' GPTJForCausalLM (its model card's 6,053,381,344 counts otherwise)
+    assert count_params(build_config("gpt-neo-125m")) == 125_198_592
+    assert count_params(build_config("gpt-neo-1.3b")) == 1_315_575_808
+    assert count_params(build_config("bloom-560m")) == 559_214_592
+    assert count_params(build_config("bloom-1b7")) == 1_722_408_960
+    assert count_params(build_config("gpt-j-6b")) == 6_050_882_784
 
 
 @pytest.mark.parametrize("name", ["mt5-small", "mt5-base", "umt5-small", "umt5-base", "byt5-small", "byt5-base"])

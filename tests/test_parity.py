@@ -53,6 +53,16 @@ MODERNBERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attent
                   bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, global_rope_theta=1000.0,
                   local_rope_theta=50.0, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1)
 MT5 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # mT5 and UMT5 as released: T5 v1.1's FFN
+# GPT-Neo: a window of 4, shorter than the batch's rows of 20 and the greedy prompts of 7, so that local layers
+# train and decode past their window
+GPT_NEO = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=37,
+               max_position_embeddings=40, window_size=4, attention_types=[[["global", "local"], 1]], bos_token_id=1,
+               eos_token_id=2, pad_token_id=0, embed_dropout=0.1, attention_dropout=0.1, resid_dropout=0.1)
+GPTJ = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positions=40, rotary_dim=4,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0, embd_pdrop=0.1, attn_pdrop=0.1, resid_pdrop=0.1,
+            tie_word_embeddings=False)
+BLOOM = dict(vocab_size=99, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+             hidden_dropout=0.1, attention_dropout=0.1)
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -112,11 +122,30 @@ CASES = [
                                    tie_word_embeddings=False, hidden_activation="relu")}),
     *family(transformers.MT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
     *family(transformers.UMT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
+    *family(transformers.GPTNeoForCausalLM, "causal", GPT_NEO, {
+        "global-local": {},  # EleutherAI/gpt-neo-*'s pattern
+        "local-global-global-untied-relu": dict(num_layers=3, attention_types=[[["local", "global"], 1],
+                                                                               [["global"], 1]],
+                                                tie_word_embeddings=False, activation_function="relu"),
+    }),
+    *family(transformers.GPTJForCausalLM, "causal", GPTJ, {
+        "partial-rotary": {},  # gpt-j-6b's: rotary on 64 of 256 features per head
+        "full-rotary-tied-gelu": dict(rotary_dim=8, tie_word_embeddings=True, activation_function="gelu"),
+    }),
+    # BLOOM's query_key_value holds each head's q, k, v together ([N, 3, H] output features): a wrong split fails
+    # every check here
+    *family(transformers.BloomForCausalLM, "causal", BLOOM, {
+        "4-heads": {},
+        # 6 heads (not a power of two: the extra ALiBi slopes), the norm's output as the residual, untied head
+        "6-heads-residual-post-ln-untied": dict(hidden_size=36, n_head=6, tie_word_embeddings=False,
+                                                apply_residual_connection_post_layernorm=True),
+    }),
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
-GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"]]
+GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["gpt_neo-global-local"],
+          CASE["gptj-partial-rotary"], CASE["bloom-6-heads-residual-post-ln-untied"]]
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
         "causal": transformers.AutoModelForCausalLM, "replaced-token": transformers.AutoModelForPreTraining}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)

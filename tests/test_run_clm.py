@@ -84,6 +84,12 @@ FINE_TUNE = {
                                                           eos_token_id=2)),
     "llama": (transformers.LlamaForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
                                                   tie_word_embeddings=False)),
+    "gpt_neo": (transformers.GPTNeoForCausalLM, dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
+                                                     max_position_embeddings=64, window_size=8,
+                                                     attention_types=[[["global", "local"], 1]])),
+    "gptj": (transformers.GPTJForCausalLM, dict(n_embd=32, n_layer=2, n_head=4, n_inner=48, n_positions=64,
+                                                rotary_dim=4)),
+    "bloom": (transformers.BloomForCausalLM, dict(hidden_size=32, n_layer=2, n_head=4)),
 }
 
 

@@ -15,10 +15,11 @@ def resolve_block_size(block_size, max_seq_length, tokenizer, config):
     if block_size and max_seq_length and block_size != max_seq_length:
         raise UserError(f"--block_size {block_size} and --max_seq_length {max_seq_length} disagree; pass one")
     requested = block_size or max_seq_length
-    limit = family_of(config).max_length(config)
+    max_length = family_of(config).max_length
+    limit = None if max_length is None else max_length(config)  # None: no positions limit (BLOOM's ALiBi)
     if requested is None:
-        return min(tokenizer.model_max_length, limit, MAX_BLOCK_SIZE)
-    if requested > limit:
+        return min(tokenizer.model_max_length, MAX_BLOCK_SIZE, *([] if limit is None else [limit]))
+    if limit is not None and requested > limit:
         raise UserError(f"--block_size {requested} is larger than the model's {limit} positions "
                         f"(config.json); use at most {limit}")
     if requested < 2:
