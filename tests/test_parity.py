@@ -53,6 +53,18 @@ MODERNBERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attent
                   bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, global_rope_theta=1000.0,
                   local_rope_theta=50.0, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1)
 MT5 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # mT5 and UMT5 as released: T5 v1.1's FFN
+GEMMA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=8, intermediate_size=37, max_position_embeddings=64, pad_token_id=0, attention_dropout=0.1)
+# 3 layers: sliding, full, sliding; a window of 4 is shorter than the batch's rows (20) and the greedy prompts (7).
+# Small soft-caps (attention 5, logits 3) so that they bend the scores; query_pre_attn_scalar other than head_dim.
+# transformers' Gemma 2 runs its eager attention (it does not support sdpa, which cannot soft-cap).
+GEMMA2 = dict(GEMMA, num_hidden_layers=3, sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=5.0,
+              final_logit_softcapping=3.0)
+# 3 layers: local, local, global (sliding_window_pattern 3); each kind its own RoPE, the global one linearly scaled
+GEMMA3 = dict(GEMMA, num_hidden_layers=3, sliding_window=4, query_pre_attn_scalar=12,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                               "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0}})
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -112,11 +124,25 @@ CASES = [
                                    tie_word_embeddings=False, hidden_activation="relu")}),
     *family(transformers.MT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
     *family(transformers.UMT5ForConditionalGeneration, "encoder-decoder", T5, {"gated-gelu": MT5}),
+    *family(transformers.GemmaForCausalLM, "causal", GEMMA, {
+        "gqa-tied": {},  # google/gemma-2b-like: tied, head_dim independent of the width
+        "mha-head_dim16-untied-bias": dict(num_key_value_heads=4, head_dim=16, tie_word_embeddings=False,
+                                           attention_bias=True)}),
+    *family(transformers.Gemma2ForCausalLM, "causal", GEMMA2, {
+        "softcap-window4": {},
+        "global-first-uncapped-untied": dict(
+            attn_logit_softcapping=None, final_logit_softcapping=None, tie_word_embeddings=False, num_key_value_heads=1,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"])}),
+    *family(transformers.Gemma3ForCausalLM, "causal", GEMMA3, {
+        "local-local-global": {},
+        "final-softcap-untied-mqa": dict(final_logit_softcapping=3.0, tie_word_embeddings=False, num_key_value_heads=1,
+                                         head_dim=16)}),
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
-GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"]]
+GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["gemma-gqa-tied"],
+          CASE["gemma2-softcap-window4"], CASE["gemma3_text-local-local-global"]]
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
         "causal": transformers.AutoModelForCausalLM, "replaced-token": transformers.AutoModelForPreTraining}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)

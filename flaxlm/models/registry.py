@@ -1,7 +1,8 @@
 """The model families, found by config.model_type: one Family per family (flaxlm.models.family), defined in the
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
-from flaxlm.models import bert, deberta_v2, electra, gpt2, llama, modernbert, mt5, opt, t5, xlm_roberta
+from flaxlm.models import (bert, deberta_v2, electra, gemma, gemma2, gemma3, gpt2, llama, modernbert, mt5, opt, t5,
+                           xlm_roberta)
 
 FAMILIES = {f.model_type: f for f in (
     bert.BERT,
@@ -17,6 +18,9 @@ FAMILIES = {f.model_type: f for f in (
     deberta_v2.DEBERTA_V2,
     mt5.MT5,
     mt5.UMT5,
+    gemma.GEMMA,
+    gemma2.GEMMA2,
+    gemma3.GEMMA3,
 )}
 
 MODELS = {model_type: f.model for model_type, f in FAMILIES.items()}  # model_type -> pretraining module class
