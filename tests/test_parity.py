@@ -129,9 +129,9 @@ CASES = [
         "mha-head_dim16-untied-bias": dict(num_key_value_heads=4, head_dim=16, tie_word_embeddings=False,
                                            attention_bias=True)}),
     *family(transformers.Gemma2ForCausalLM, "causal", GEMMA2, {
-        "softcap-window4": {},
-        "global-first-uncapped-untied": dict(
-            attn_logit_softcapping=None, final_logit_softcapping=None, tie_word_embeddings=False, num_key_value_heads=1,
+        "softcap-window4-untied": dict(tie_word_embeddings=False),
+        "global-first-uncapped-tied-mqa": dict(
+            attn_logit_softcapping=None, final_logit_softcapping=None, num_key_value_heads=1,
             layer_types=["full_attention", "sliding_attention", "sliding_attention"])}),
     *family(transformers.Gemma3ForCausalLM, "causal", GEMMA3, {
         "local-local-global": {},
@@ -141,8 +141,10 @@ CASES = [
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
-GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["gemma-gqa-tied"],
-          CASE["gemma2-softcap-window4"], CASE["gemma3_text-local-local-global"]]
+# (Gemma's untied cases: a tied tiny Gemma, its embeddings scaled by sqrt(width), repeats its last token)
+GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"],
+          CASE["gemma-mha-head_dim16-untied-bias"], CASE["gemma2-softcap-window4-untied"],
+          CASE["gemma3_text-final-softcap-untied-mqa"]]
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
         "causal": transformers.AutoModelForCausalLM, "replaced-token": transformers.AutoModelForPreTraining}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)
