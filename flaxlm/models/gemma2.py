@@ -13,7 +13,7 @@ The MLP's activation is config.hidden_activation. Layers that differ in their wi
 from flaxlm.errors import UserError
 from flaxlm.models.family import Family
 from flaxlm.models.gemma import Block as GemmaBlock
-from flaxlm.models.gemma import GemmaForCausalLM, normalize, norm, tensor_names as gemma_tensor_names
+from flaxlm.models.gemma import GemmaForCausalLM, norm, normalize as gemma_normalize, tensor_names as gemma_tensor_names
 from flaxlm.models.llama import heads, inverse_frequencies
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -64,6 +64,12 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
 def tensor_names(config):
     """Gemma's tensor names with the four norms per layer."""
     return gemma_tensor_names(config, post_norms=True)
+
+
+
+def normalize(config, tensors, notes):
+    """As Gemma's: a bare model's checkpoint, saved RoPE buffers, a tied lm_head.weight."""
+    return gemma_normalize(config, tensors, notes)
 
 
 # The hub's config.json files of google/gemma-2-2b and gemma-2-9b; gemma2-tiny is for tests and the CPU demo.
