@@ -135,8 +135,9 @@ CASES = [
             layer_types=["full_attention", "sliding_attention", "sliding_attention"])}),
     *family(transformers.Gemma3ForCausalLM, "causal", GEMMA3, {
         "local-local-global": {},
-        "final-softcap-untied-mqa": dict(final_logit_softcapping=3.0, tie_word_embeddings=False, num_key_value_heads=1,
-                                         head_dim=16)}),
+        # transformers' Gemma 3 ignores attn_logit_softcapping (its attention never receives it); so do we
+        "final-softcap-untied-mqa": dict(final_logit_softcapping=3.0, attn_logit_softcapping=1.0,
+                                         tie_word_embeddings=False, num_key_value_heads=1, head_dim=16)}),
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
