@@ -70,7 +70,8 @@ CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.Bert
                 "xlm-roberta": transformers.XLMRobertaConfig, "camembert": transformers.CamembertConfig,
                 "modernbert": transformers.ModernBertConfig, "deberta-v2": transformers.DebertaV2Config,
                 "mt5": transformers.MT5Config, "umt5": transformers.UMT5Config, "gpt_neo": transformers.GPTNeoConfig,
-                "gptj": transformers.GPTJConfig, "bloom": transformers.BloomConfig}
+                "gptj": transformers.GPTJConfig, "bloom": transformers.BloomConfig, "gemma": transformers.GemmaConfig,
+                "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig}
 
 
 def config_value(config, key):

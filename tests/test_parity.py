@@ -63,6 +63,18 @@ GPTJ = dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_inner=37, n_positio
             tie_word_embeddings=False)
 BLOOM = dict(vocab_size=99, hidden_size=32, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2, pad_token_id=0,
              hidden_dropout=0.1, attention_dropout=0.1)
+GEMMA = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=8, intermediate_size=37, max_position_embeddings=64, pad_token_id=0, attention_dropout=0.1)
+# 3 layers: sliding, full, sliding; a window of 4 is shorter than the batch's rows (20) and the greedy prompts (7).
+# Small soft-caps (attention 5, logits 3) so that they bend the scores; query_pre_attn_scalar other than head_dim.
+# transformers' Gemma 2 runs its eager attention (it does not support sdpa, which cannot soft-cap).
+GEMMA2 = dict(GEMMA, num_hidden_layers=3, sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=5.0,
+              final_logit_softcapping=3.0)
+# 3 layers: local, local, global (sliding_window_pattern 3); each kind its own RoPE, the global one linearly scaled
+GEMMA3 = dict(GEMMA, num_hidden_layers=3, sliding_window=4, query_pre_attn_scalar=12,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                               "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0}})
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -140,12 +152,29 @@ CASES = [
         "6-heads-residual-post-ln-untied": dict(hidden_size=36, n_head=6, tie_word_embeddings=False,
                                                 apply_residual_connection_post_layernorm=True),
     }),
+    *family(transformers.GemmaForCausalLM, "causal", GEMMA, {
+        "gqa-tied": {},  # google/gemma-2b-like: tied, head_dim independent of the width
+        "mha-head_dim16-untied-bias": dict(num_key_value_heads=4, head_dim=16, tie_word_embeddings=False,
+                                           attention_bias=True)}),
+    *family(transformers.Gemma2ForCausalLM, "causal", GEMMA2, {
+        "softcap-window4-untied": dict(tie_word_embeddings=False),
+        "global-first-uncapped-tied-mqa": dict(
+            attn_logit_softcapping=None, final_logit_softcapping=None, num_key_value_heads=1,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"])}),
+    *family(transformers.Gemma3ForCausalLM, "causal", GEMMA3, {
+        "local-local-global": {},
+        # transformers' Gemma 3 ignores attn_logit_softcapping (its attention never receives it); so do we
+        "final-softcap-untied-mqa": dict(final_logit_softcapping=3.0, attn_logit_softcapping=1.0,
+                                         tie_word_embeddings=False, num_key_value_heads=1, head_dim=16)}),
 ]
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
+# (Gemma's untied cases: a tied tiny Gemma, its embeddings scaled by sqrt(width), repeats its last token)
 GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["gpt_neo-global-local"],
-          CASE["gptj-partial-rotary"], CASE["bloom-6-heads-residual-post-ln-untied"]]
+          CASE["gptj-partial-rotary"], CASE["bloom-6-heads-residual-post-ln-untied"],
+          CASE["gemma-mha-head_dim16-untied-bias"], CASE["gemma2-softcap-window4-untied"],
+          CASE["gemma3_text-final-softcap-untied-mqa"]]
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
         "causal": transformers.AutoModelForCausalLM, "replaced-token": transformers.AutoModelForPreTraining}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)

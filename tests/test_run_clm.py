@@ -90,6 +90,15 @@ FINE_TUNE = {
     "gptj": (transformers.GPTJForCausalLM, dict(n_embd=32, n_layer=2, n_head=4, n_inner=48, n_positions=64,
                                                 rotary_dim=4)),
     "bloom": (transformers.BloomForCausalLM, dict(hidden_size=32, n_layer=2, n_head=4)),
+    # Gemma: head_dim 8, a window of 8 shorter than the rows of 32 (and the 24 compared); Gemma 2's soft-caps small
+    # enough to matter, the final one through the fused loss
+    "gemma": (transformers.GemmaForCausalLM, dict(TINY, num_key_value_heads=2, head_dim=8, intermediate_size=48)),
+    "gemma2": (transformers.Gemma2ForCausalLM, dict(TINY, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+                                                    sliding_window=8, query_pre_attn_scalar=8,
+                                                    attn_logit_softcapping=10.0, final_logit_softcapping=5.0)),
+    "gemma3_text": (transformers.Gemma3ForCausalLM, dict(TINY, num_key_value_heads=1, head_dim=8, intermediate_size=48,
+                                                         sliding_window=8, query_pre_attn_scalar=8,
+                                                         layer_types=["sliding_attention", "full_attention"])),
 }
 
 

@@ -1,8 +1,8 @@
 """The model families, found by config.model_type: one Family per family (flaxlm.models.family), defined in the
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
-from flaxlm.models import (bert, bloom, deberta_v2, electra, gpt2, gpt_neo, gptj, llama, modernbert, mt5, opt, t5,
-                           xlm_roberta)
+from flaxlm.models import (bert, bloom, deberta_v2, electra, gemma, gemma2, gemma3, gpt2, gpt_neo, gptj, llama,
+                           modernbert, mt5, opt, t5, xlm_roberta)
 
 FAMILIES = {f.model_type: f for f in (
     bert.BERT,
@@ -21,6 +21,9 @@ FAMILIES = {f.model_type: f for f in (
     gpt_neo.GPT_NEO,
     gptj.GPTJ,
     bloom.BLOOM,
+    gemma.GEMMA,
+    gemma2.GEMMA2,
+    gemma3.GEMMA3,
 )}
 
 MODELS = {model_type: f.model for model_type, f in FAMILIES.items()}  # model_type -> pretraining module class
