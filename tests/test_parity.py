@@ -53,6 +53,10 @@ MODERNBERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attent
                   bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, global_rope_theta=1000.0,
                   local_rope_theta=50.0, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1)
 MT5 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # mT5 and UMT5 as released: T5 v1.1's FFN
+# sliding windows of 4: shorter than the batch's rows of 20 and the greedy prompts of 7
+MISTRAL = dict(LLAMA, num_key_value_heads=2, sliding_window=4)
+QWEN2 = dict(LLAMA, num_key_value_heads=2)
+QWEN3 = dict(LLAMA, num_key_value_heads=2, head_dim=8)
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -87,6 +91,18 @@ CASES = [
             "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     }),
+    *family(transformers.MistralForCausalLM, "causal", MISTRAL, {
+        "window4-untied": {},
+        "no-window-tied": dict(sliding_window=None, tie_word_embeddings=True, num_key_value_heads=4)}),
+    *family(transformers.Qwen2ForCausalLM, "causal", QWEN2, {
+        "tied": dict(tie_word_embeddings=True),  # Qwen2.5-0.5B / 1.5B
+        "untied": {},  # Qwen2.5-7B
+        # transformers' layer_types from use_sliding_window: layer 0 full, layer 1 a window of 4
+        "window4-layer1": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)}),
+    *family(transformers.Qwen3ForCausalLM, "causal", QWEN3, {
+        "head_dim12-untied": dict(head_dim=12),  # head_dim != hidden_size / heads, as Qwen3-0.6B's
+        "tied-bias-window4-layer1": dict(tie_word_embeddings=True, attention_bias=True, use_sliding_window=True,
+                                         sliding_window=4, max_window_layers=1)}),
     # the generator and the discriminator, with embeddings narrower / wider than the layers (projected)
     *family(transformers.ElectraForMaskedLM, "encoder", BERT, {"generator-projected": dict(embedding_size=16)},
             **BERT_SETTINGS),
@@ -116,7 +132,8 @@ CASES = [
 CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
-GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"]]
+GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["mistral-window4-untied"],
+          CASE["qwen2-window4-layer1"], CASE["qwen3-head_dim12-untied"]]
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
         "causal": transformers.AutoModelForCausalLM, "replaced-token": transformers.AutoModelForPreTraining}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)

@@ -1,7 +1,8 @@
 """The model families, found by config.model_type: one Family per family (flaxlm.models.family), defined in the
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
-from flaxlm.models import bert, deberta_v2, electra, gpt2, llama, modernbert, mt5, opt, t5, xlm_roberta
+from flaxlm.models import (bert, deberta_v2, electra, gpt2, llama, mistral, modernbert, mt5, opt, qwen2, qwen3, t5,
+                           xlm_roberta)
 
 FAMILIES = {f.model_type: f for f in (
     bert.BERT,
@@ -10,6 +11,9 @@ FAMILIES = {f.model_type: f for f in (
     gpt2.GPT2,
     opt.OPT,
     llama.LLAMA,
+    mistral.MISTRAL,
+    qwen2.QWEN2,
+    qwen3.QWEN3,
     electra.ELECTRA,
     xlm_roberta.XLM_ROBERTA,
     xlm_roberta.CAMEMBERT,
