@@ -84,6 +84,12 @@ FINE_TUNE = {
                                                           eos_token_id=2)),
     "llama": (transformers.LlamaForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
                                                   tie_word_embeddings=False)),
+    # a window of 8, shorter than the rows of 32 and the check's 24 tokens
+    "mistral": (transformers.MistralForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
+                                                      sliding_window=8)),
+    "qwen2": (transformers.Qwen2ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
+                                                  tie_word_embeddings=True)),
+    "qwen3": (transformers.Qwen3ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48, head_dim=12)),
 }
 
 
