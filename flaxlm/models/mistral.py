@@ -6,8 +6,6 @@ query see only the W keys up to its own, in training and in the KV cache's decod
 does (query slot - key slot < W). transformers' Mistral ignores a config's layer_types (a Ministral setting): so do
 we.
 """
-from functools import partial
-
 from flaxlm.errors import UserError
 from flaxlm.models import llama
 from flaxlm.models.family import Family
@@ -29,7 +27,14 @@ class MistralForCausalLM(llama.LlamaForCausalLM):
         return dict(qkv_bias=False, o_bias=False, mlp_bias=False, window=sliding_window(config))
 
 
-tensor_names = partial(llama.tensor_names, qkv_bias=False, o_bias=False, mlp_bias=False)
+def tensor_names(config):
+    """LlamaForCausalLM's tensor names without biases."""
+    return llama.tensor_names(config, qkv_bias=False, o_bias=False, mlp_bias=False)
+
+
+def normalize(config, tensors, notes):
+    """As Llama's (flaxlm.models.llama.normalize): bare checkpoints, old buffers, a tied head."""
+    return llama.normalize(config, tensors, notes)
 
 # mistral-7b: Mistral-7B-v0.1 (a 4096 window); mistral-7b-v0.3: its larger vocabulary, rope_theta 1e6, no window;
 # mistral-tiny for tests and the CPU demo, with a window shorter than its training rows.
@@ -46,5 +51,5 @@ PRESETS = {
 }
 
 MISTRAL = Family(model_type="mistral", name="Mistral", model=MistralForCausalLM, tensor_names=tensor_names,
-                 normalize=llama.normalize, architecture="MistralForCausalLM", presets=PRESETS,
+                 normalize=normalize, architecture="MistralForCausalLM", presets=PRESETS,
                  script="run_clm_flax.py", max_length=lambda config: config.max_position_embeddings)

@@ -7,8 +7,6 @@ config from use_sliding_window and max_window_layers: layers max_window_layers..
 "full_attention" or "sliding_attention"; a sliding layer's query sees the config.sliding_window keys up to its own.
 Layers that differ in their window cannot be scanned (--scan_layers); the released models use no window.
 """
-from functools import partial
-
 from flaxlm.errors import UserError
 from flaxlm.models import llama
 from flaxlm.models.family import Family
@@ -39,26 +37,34 @@ class Qwen2ForCausalLM(llama.LlamaForCausalLM):
         return dict(qkv_bias=True, o_bias=False, mlp_bias=False, window=layer_window(config, i))
 
 
-tensor_names = partial(llama.tensor_names, qkv_bias=True, o_bias=False, mlp_bias=False)
+def tensor_names(config):
+    """LlamaForCausalLM's tensor names with self_attn.{q,k,v}_proj.bias."""
+    return llama.tensor_names(config, qkv_bias=True, o_bias=False, mlp_bias=False)
+
+
+def normalize(config, tensors, notes):
+    """As Llama's (flaxlm.models.llama.normalize): bare checkpoints, old buffers, a tied head."""
+    return llama.normalize(config, tensors, notes)
+
 
 # The Qwen2.5 base models' config.json (Qwen/Qwen2.5-*): the small ones tie their LM head; qwen2-tiny for tests and
-# the CPU demo.
+# the CPU demo. Their sliding_window (32768 / 131072) is left out: with use_sliding_window false the config sets it
+# to None.
 _QWEN2 = dict(model_type="qwen2", vocab_size=151936, hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1000000.0,
               initializer_range=0.02, use_sliding_window=False, bos_token_id=151643, eos_token_id=151643,
               attention_dropout=0.0)
 
 PRESETS = {
     "qwen2.5-0.5b": {**_QWEN2, **llama._shape(896, 24, 14, 2, 4864), "max_position_embeddings": 32768,
-                     "sliding_window": 32768, "max_window_layers": 24, "tie_word_embeddings": True},
+                     "max_window_layers": 24, "tie_word_embeddings": True},
     "qwen2.5-1.5b": {**_QWEN2, **llama._shape(1536, 28, 12, 2, 8960), "max_position_embeddings": 131072,
-                     "sliding_window": 131072, "max_window_layers": 21, "tie_word_embeddings": True},
+                     "max_window_layers": 21, "tie_word_embeddings": True},
     "qwen2.5-7b": {**_QWEN2, **llama._shape(3584, 28, 28, 4, 18944), "vocab_size": 152064,
-                   "max_position_embeddings": 131072, "sliding_window": 131072, "max_window_layers": 28,
-                   "tie_word_embeddings": False},
+                   "max_position_embeddings": 131072, "max_window_layers": 28, "tie_word_embeddings": False},
     "qwen2-tiny": {**_QWEN2, **llama._shape(64, 2, 4, 2, 176), "vocab_size": 1024, "max_position_embeddings": 256,
                    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2},
 }
 
 QWEN2 = Family(model_type="qwen2", name="Qwen2", model=Qwen2ForCausalLM, tensor_names=tensor_names,
-               normalize=llama.normalize, architecture="Qwen2ForCausalLM", presets=PRESETS, script="run_clm_flax.py",
+               normalize=normalize, architecture="Qwen2ForCausalLM", presets=PRESETS, script="run_clm_flax.py",
                max_length=lambda config: config.max_position_embeddings)

@@ -6,8 +6,6 @@ Configured by a transformers Qwen3Config; the parameters and their Hugging Face 
 self_attn.q_norm.weight / k_norm.weight. Sliding windows from config.layer_types as Qwen2's
 (flaxlm.models.qwen2.layer_window).
 """
-from functools import partial
-
 from flaxlm.models import llama
 from flaxlm.models.family import Family
 from flaxlm.models.qwen2 import layer_window
@@ -21,7 +19,14 @@ class Qwen3ForCausalLM(llama.LlamaForCausalLM):
         return dict(qk_norm=True, mlp_bias=False, window=layer_window(config, i))
 
 
-tensor_names = partial(llama.tensor_names, qk_norm=True, mlp_bias=False)
+def tensor_names(config):
+    """LlamaForCausalLM's tensor names with self_attn.q_norm.weight and k_norm.weight."""
+    return llama.tensor_names(config, qk_norm=True, mlp_bias=False)
+
+
+def normalize(config, tensors, notes):
+    """As Llama's (flaxlm.models.llama.normalize): bare checkpoints, old buffers, a tied head."""
+    return llama.normalize(config, tensors, notes)
 
 # The Qwen3 base models' config.json (Qwen/Qwen3-*-Base); qwen3-tiny for tests and the CPU demo (head_dim 32 on a
 # width of 64 with 4 heads, as the real ones' head_dim differs from width / heads).
@@ -41,5 +46,5 @@ PRESETS = {
 }
 
 QWEN3 = Family(model_type="qwen3", name="Qwen3", model=Qwen3ForCausalLM, tensor_names=tensor_names,
-               normalize=llama.normalize, architecture="Qwen3ForCausalLM", presets=PRESETS, script="run_clm_flax.py",
+               normalize=normalize, architecture="Qwen3ForCausalLM", presets=PRESETS, script="run_clm_flax.py",
                max_length=lambda config: config.max_position_embeddings)
