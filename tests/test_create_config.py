@@ -71,7 +71,9 @@ CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.Bert
                 "modernbert": transformers.ModernBertConfig, "deberta-v2": transformers.DebertaV2Config,
                 "mt5": transformers.MT5Config, "umt5": transformers.UMT5Config, "gpt_neo": transformers.GPTNeoConfig,
                 "gptj": transformers.GPTJConfig, "bloom": transformers.BloomConfig, "gemma": transformers.GemmaConfig,
-                "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig}
+                "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig,
+                "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config,
+                "qwen3": transformers.Qwen3Config}
 
 
 def config_value(config, key):
@@ -134,6 +136,13 @@ def test_param_counts_match_known_sizes():
     assert count_params(build_config("opt-125m")) == 125_239_296
     assert count_params(build_config("opt-350m")) == 331_196_416
     assert 95e6 < count_params(build_config("llama-100m")) < 105e6
+    # mistralai/Mistral-7B-v0.1 and v0.3, Qwen/Qwen2.5-0.5B, -7B, Qwen/Qwen3-0.6B-Base, -8B-Base (a tied head once)
+    assert count_params(build_config("mistral-7b")) == 7_241_732_096
+    assert count_params(build_config("mistral-7b-v0.3")) == 7_248_023_552
+    assert count_params(build_config("qwen2.5-0.5b")) == 494_032_768
+    assert count_params(build_config("qwen2.5-7b")) == 7_615_616_512
+    assert count_params(build_config("qwen3-0.6b")) == 596_049_920
+    assert count_params(build_config("qwen3-8b")) == 8_190_735_360
     assert count_params(build_config("mt5-small")) == 300_176_768  # google/mt5-small, lm_head untied
     # EleutherAI/gpt-neo-125m, 1.3b, bigscience/bloom-560m, bloom-1b7 (their model cards' counts); EleutherAI/gpt-j-6b:
     # transformers' GPTJForCausalLM (its model card's 6,053,381,344 counts otherwise)

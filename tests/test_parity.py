@@ -75,6 +75,10 @@ GEMMA3 = dict(GEMMA, num_hidden_layers=3, sliding_window=4, query_pre_attn_scala
               layer_types=["sliding_attention", "sliding_attention", "full_attention"],
               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
                                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0}})
+# sliding windows of 4: shorter than the batch's rows of 20 and the greedy prompts of 7
+MISTRAL = dict(LLAMA, num_key_value_heads=2, sliding_window=4)
+QWEN2 = dict(LLAMA, num_key_value_heads=2)
+QWEN3 = dict(LLAMA, num_key_value_heads=2, head_dim=8)
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -109,6 +113,18 @@ CASES = [
             "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     }),
+    *family(transformers.MistralForCausalLM, "causal", MISTRAL, {
+        "window4-untied": {},
+        "no-window-tied": dict(sliding_window=None, tie_word_embeddings=True, num_key_value_heads=4)}),
+    *family(transformers.Qwen2ForCausalLM, "causal", QWEN2, {
+        "tied": dict(tie_word_embeddings=True),  # Qwen2.5-0.5B / 1.5B
+        "untied": {},  # Qwen2.5-7B
+        # transformers' layer_types from use_sliding_window: layer 0 full, layer 1 a window of 4
+        "window4-layer1": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)}),
+    *family(transformers.Qwen3ForCausalLM, "causal", QWEN3, {
+        "head_dim12-untied": dict(head_dim=12),  # head_dim != hidden_size / heads, as Qwen3-0.6B's
+        "tied-bias-window4-layer1": dict(tie_word_embeddings=True, attention_bias=True, use_sliding_window=True,
+                                         sliding_window=4, max_window_layers=1)}),
     # the generator and the discriminator, with embeddings narrower / wider than the layers (projected)
     *family(transformers.ElectraForMaskedLM, "encoder", BERT, {"generator-projected": dict(embedding_size=16)},
             **BERT_SETTINGS),
@@ -171,7 +187,8 @@ CASE = {str(c): c for c in CASES}
 CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
 # (Gemma's untied cases: a tied tiny Gemma, its embeddings scaled by sqrt(width), repeats its last token)
-GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["gpt_neo-global-local"],
+GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["mistral-window4-untied"],
+          CASE["qwen2-window4-layer1"], CASE["qwen3-head_dim12-untied"], CASE["gpt_neo-global-local"],
           CASE["gptj-partial-rotary"], CASE["bloom-6-heads-residual-post-ln-untied"],
           CASE["gemma-mha-head_dim16-untied-bias"], CASE["gemma2-softcap-window4-untied"],
           CASE["gemma3_text-final-softcap-untied-mqa"]]

@@ -99,6 +99,12 @@ FINE_TUNE = {
     "gemma3_text": (transformers.Gemma3ForCausalLM, dict(TINY, num_key_value_heads=1, head_dim=8, intermediate_size=48,
                                                          sliding_window=8, query_pre_attn_scalar=8,
                                                          layer_types=["sliding_attention", "full_attention"])),
+    # a window of 8, shorter than the rows of 32 and the check's 24 tokens
+    "mistral": (transformers.MistralForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
+                                                      sliding_window=8)),
+    "qwen2": (transformers.Qwen2ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
+                                                  tie_word_embeddings=True)),
+    "qwen3": (transformers.Qwen3ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48, head_dim=12)),
 }
 
 

@@ -86,13 +86,22 @@ def fused_dense(x_MD, *linears):
 
 
 class Attention(nnx.Module):
-    def __init__(self, config, dtype, rngs, execution):
+    """Grouped-query attention with RoPE. The options of the families built on Llama's layers: qkv_bias / o_bias
+    (default config.attention_bias; Qwen2: q/k/v only), qk_norm (Qwen3: an RMSNorm over each query and key head
+    before RoPE), window (Mistral's sliding window: a query sees the `window` keys up to its own; None: all)."""
+
+    def __init__(self, config, dtype, rngs, execution, *, qkv_bias=None, o_bias=None, qk_norm=False, window=None):
         (N, K, H), D = heads(config), config.hidden_size
-        bias, std = config.attention_bias, config.initializer_range
-        self.q_proj = dense(D, N * H, dtype, std, rngs, use_bias=bias)
-        self.k_proj = dense(D, K * H, dtype, std, rngs, use_bias=bias)
-        self.v_proj = dense(D, K * H, dtype, std, rngs, use_bias=bias)
-        self.o_proj = dense(N * H, D, dtype, std, rngs, use_bias=bias)
+        bias, std = getattr(config, "attention_bias", False), config.initializer_range
+        qkv_bias, o_bias = bias if qkv_bias is None else qkv_bias, bias if o_bias is None else o_bias
+        self.q_proj = dense(D, N * H, dtype, std, rngs, use_bias=qkv_bias)
+        self.k_proj = dense(D, K * H, dtype, std, rngs, use_bias=qkv_bias)
+        self.v_proj = dense(D, K * H, dtype, std, rngs, use_bias=qkv_bias)
+        self.o_proj = dense(N * H, D, dtype, std, rngs, use_bias=o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(H, config.rms_norm_eps)
+            self.k_norm = RMSNorm(H, config.rms_norm_eps)
+        self.qk_norm, self.window = qk_norm, window
         self.num_heads, self.kv_heads, self.head_dim = N, K, H
         self.dropout_rate = config.attention_dropout
         self.implementation = execution.attention_implementation
@@ -100,22 +109,25 @@ class Attention(nnx.Module):
     def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
         (B, T, D), N, K, H = x_BTD.shape, self.num_heads, self.kv_heads, self.head_dim
         q_MX, k_MX, v_MX = fused_dense(x_BTD.reshape(B * T, D), self.q_proj, self.k_proj, self.v_proj)
-        q_BTNH = rope(q_MX.reshape(B, T, N, H), positions_BT, inv_freq)
-        k_BTKH = rope(k_MX.reshape(B, T, K, H), positions_BT, inv_freq)
+        q_BTNH, k_BTKH = q_MX.reshape(B, T, N, H), k_MX.reshape(B, T, K, H)
+        if self.qk_norm:
+            q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
+        q_BTNH, k_BTKH = rope(q_BTNH, positions_BT, inv_freq), rope(k_BTKH, positions_BT, inv_freq)
         v_BTKH = v_MX.reshape(B, T, K, H)
         if kv is None:
             o_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
-                               dropout_key=key, implementation=self.implementation)
+                               dropout_key=key, implementation=self.implementation, window=self.window)
         else:
-            o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS)
+            o_BTNH, kv = kv_cache.attend(q_BTNH, kv, k_BTKH, v_BTKH, index, visible_BTS, window=self.window)
         return self.o_proj(o_BTNH.reshape(B * T, N * H)), kv
 
 
 class MLP(nnx.Module):
     """SwiGLU: down(act(gate(x)) * up(x))."""
 
-    def __init__(self, config, dtype, rngs):
-        D, F, bias, std = config.hidden_size, config.intermediate_size, config.mlp_bias, config.initializer_range
+    def __init__(self, config, dtype, rngs, bias=None):
+        D, F, std = config.hidden_size, config.intermediate_size, config.initializer_range
+        bias = getattr(config, "mlp_bias", False) if bias is None else bias
         self.gate_proj = dense(D, F, dtype, std, rngs, use_bias=bias)
         self.up_proj = dense(D, F, dtype, std, rngs, use_bias=bias)
         self.down_proj = dense(F, D, dtype, std, rngs, use_bias=bias)
@@ -127,12 +139,14 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config, dtype, rngs, execution):
+    """mlp_bias (default config.mlp_bias) and the Attention's options (see Attention)."""
+
+    def __init__(self, config, dtype, rngs, execution, *, mlp_bias=None, **attention_options):
         D, eps = config.hidden_size, config.rms_norm_eps
         self.attn_norm = RMSNorm(D, eps)
-        self.attn = Attention(config, dtype, rngs, execution)
+        self.attn = Attention(config, dtype, rngs, execution, **attention_options)
         self.mlp_norm = RMSNorm(D, eps)
-        self.mlp = MLP(config, dtype, rngs)
+        self.mlp = MLP(config, dtype, rngs, mlp_bias)
 
     def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
         B, T, D = x_BTD.shape
@@ -157,14 +171,19 @@ class LlamaForCausalLM(CausalLM):
         D, std = config.hidden_size, config.initializer_range
         self.embed = embed(config.vocab_size, D, std, rngs)
         self.execution = execution or Execution()
-        self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution)
-                                for _ in range(config.num_hidden_layers)])
+        self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution, **self.layer_options(config, i))
+                                for i in range(config.num_hidden_layers)])
         self.final_norm = RMSNorm(D, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tied:
             self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
         self.kv_heads, self.head_dim = K, H
         self.max_positions = config.max_position_embeddings
+
+    @staticmethod
+    def layer_options(config, i):
+        """Layer i's Block options (mlp_bias, Attention's): the families built on Llama's layers set them."""
+        return {}
 
     def embed_input(self, input_ids_BL, positions_BL, dropout_key):
         return self.embed(input_ids_BL).astype(self.dtype)
@@ -173,18 +192,24 @@ class LlamaForCausalLM(CausalLM):
         return layer(x_BLD, positions_BL, self.inv_freq, attention_mask_BL, fold_key(dropout_key, i), *cached)
 
 
-def tensor_names(config):
-    """Tensor names of LlamaForCausalLM -> our paths. Biases only with attention_bias / mlp_bias; lm_head.weight
-    only when untied."""
+def tensor_names(config, *, qkv_bias=None, o_bias=None, mlp_bias=None, qk_norm=False):
+    """Tensor names of LlamaForCausalLM -> our paths. Biases only with attention_bias / mlp_bias (or the options,
+    as Attention's and Block's; qk_norm: self_attn.q_norm / k_norm); lm_head.weight only when untied."""
+    bias = getattr(config, "attention_bias", False)
+    qkv_bias, o_bias = bias if qkv_bias is None else qkv_bias, bias if o_bias is None else o_bias
+    mlp_bias = getattr(config, "mlp_bias", False) if mlp_bias is None else mlp_bias
     names = [("model.embed_tokens.weight", ("embed", "embedding"), "copy")]
     for i in range(config.num_hidden_layers):
         hf, ours = f"model.layers.{i}.", ("layers", str(i))
         add_norm(names, f"{hf}input_layernorm", (*ours, "attn_norm"), bias=False)
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            add_linear(names, f"{hf}self_attn.{proj}", (*ours, "attn", proj), config.attention_bias)
+            add_linear(names, f"{hf}self_attn.{proj}", (*ours, "attn", proj), o_bias if proj == "o_proj" else qkv_bias)
+        if qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                add_norm(names, f"{hf}self_attn.{norm}", (*ours, "attn", norm), bias=False)
         add_norm(names, f"{hf}post_attention_layernorm", (*ours, "mlp_norm"), bias=False)
         for proj in ("gate_proj", "up_proj", "down_proj"):
-            add_linear(names, f"{hf}mlp.{proj}", (*ours, "mlp", proj), getattr(config, "mlp_bias", False))
+            add_linear(names, f"{hf}mlp.{proj}", (*ours, "mlp", proj), mlp_bias)
     add_norm(names, "model.norm", ("final_norm",), bias=False)
     if not getattr(config, "tie_word_embeddings", False):
         add_linear(names, "lm_head", ("lm_head",), bias=False)

@@ -2,7 +2,7 @@
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
 from flaxlm.models import (bert, bloom, deberta_v2, electra, gemma, gemma2, gemma3, gpt2, gpt_neo, gptj, llama,
-                           modernbert, mt5, opt, t5, xlm_roberta)
+                           mistral, modernbert, mt5, opt, qwen2, qwen3, t5, xlm_roberta)
 
 FAMILIES = {f.model_type: f for f in (
     bert.BERT,
@@ -11,6 +11,9 @@ FAMILIES = {f.model_type: f for f in (
     gpt2.GPT2,
     opt.OPT,
     llama.LLAMA,
+    mistral.MISTRAL,
+    qwen2.QWEN2,
+    qwen3.QWEN3,
     electra.ELECTRA,
     xlm_roberta.XLM_ROBERTA,
     xlm_roberta.CAMEMBERT,
