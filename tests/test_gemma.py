@@ -18,6 +18,7 @@ from parity import batch, jnp_args, random_hf
 from test_parity import CASE
 
 GEMMA2 = CASE["gemma2-softcap-window4-untied"]
+GEMMA3 = CASE["gemma3_text-local-local-global"]
 
 
 def abstract(config):
@@ -101,15 +102,20 @@ def test_greedy_generation_past_the_window(tmp_path):
 
 
 def test_scan_layers():
-    """Gemma's layers are alike: scanned, the same logits as the loop; Gemma 2's differ in their window."""
+    """Gemma's layers are alike and Gemma 2's repeat (sliding, full, sliding: a pair per step of the scan, then the
+    third): scanned, the loop's logits. Gemma 3's local, local, global do not repeat: a one-line error."""
     config = CASE["gemma-gqa-tied"].config()
     args = jnp_args(batch(CASE["gemma-gqa-tied"]))
     graphdef, params = models.split_model(models.create_model(config))
     scanned, _ = models.split_model(models.create_model(config, execution=Execution(scan=True)))
     np.testing.assert_allclose(np.asarray(models.apply_model(scanned, params, *args)),
                                np.asarray(models.apply_model(graphdef, params, *args)), atol=1e-5)
-    graphdef, params = models.split_model(models.create_model(GEMMA2.config(), execution=Execution(scan=True)))
-    with pytest.raises(UserError, match="--scan_layers needs identical layers"):
+    graphdef, params = models.split_model(models.create_model(GEMMA2.config()))
+    scanned, _ = models.split_model(models.create_model(GEMMA2.config(), execution=Execution(scan=True)))
+    np.testing.assert_allclose(np.asarray(models.apply_model(scanned, params, *args)),
+                               np.asarray(models.apply_model(graphdef, params, *args)), atol=1e-5)
+    graphdef, params = models.split_model(models.create_model(GEMMA3.config(), execution=Execution(scan=True)))
+    with pytest.raises(UserError, match="--scan_layers needs layers that repeat"):
         jax.eval_shape(lambda p: models.apply_model(graphdef, p, *args), params)
 
 

@@ -27,16 +27,17 @@ def test_unknown_attention_type_is_refused():
 
 
 def test_scan_layers():
-    """Mixed global / local layers differ in a static setting: a one-line error. All-global layers scan, with the
-    loop's logits."""
+    """Global / local pairs scan a pair per step, all-global layers a layer per step, with the loop's logits; one
+    global and one local layer do not repeat: a one-line error."""
     args = jnp_args(batch(NEO))
-    with pytest.raises(UserError, match="--scan_layers needs identical layers"):
+    with pytest.raises(UserError, match="--scan_layers needs layers that repeat"):
         models.create_model(NEO.config(), execution=Execution(scan=True))(*args)
-    config = NEO.config(attention_types=[[["global"], 2]])
-    loop = models.create_model(config, seed=1)(*args)
-    scanned = models.create_model(config, seed=1, execution=Execution(scan=True))(*args)
     real = np.asarray(args[1]) == 1
-    assert float(jnp.abs(loop - scanned)[real].max()) < 1e-5
+    for types in ([[["global"], 2]], [[["global", "local"], 2]]):
+        config = NEO.config(attention_types=types, num_layers=2 * len(types[0][0]))
+        loop = models.create_model(config, seed=1)(*args)
+        scanned = models.create_model(config, seed=1, execution=Execution(scan=True))(*args)
+        assert float(jnp.abs(loop - scanned)[real].max()) < 1e-5
 
 
 def test_initialized_like_transformers():

@@ -39,6 +39,12 @@ CONFIGS = {  # 2 layers (3 for RoBERTa, whose last runs apart), dropout 0.1 ever
         vocab_size=V, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24,
         local_attention=4, global_attn_every_n_layers=2, max_position_embeddings=L, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1,
         pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2),
+    # 5 layers: sliding, full, sliding, full, sliding (window 4), soft-capped: two local/global pairs scanned (the
+    # scan's step is a pair), the fifth layer after them
+    "gemma2": transformers.Gemma2Config(vocab_size=V, hidden_size=16, num_hidden_layers=5, num_attention_heads=2,
+                                        num_key_value_heads=1, head_dim=8, intermediate_size=24, sliding_window=4,
+                                        query_pre_attn_scalar=8, attn_logit_softcapping=5.0,
+                                        final_logit_softcapping=3.0, attention_dropout=0.1, max_position_embeddings=L),
 }
 def call(model, family, dropout_key):
     """float32 logits of the family's training call (the masked-LM encoders: at the masked positions only)."""
@@ -137,7 +143,7 @@ def test_different_layers_cannot_be_scanned():
     config = transformers.GPT2Config(vocab_size=V, n_embd=16, n_layer=2, n_head=2, n_positions=L,
                                      scale_attn_by_inverse_layer_idx=True)
     model = models.create_model(config, execution=Execution(scan=True))
-    with pytest.raises(UserError, match="--scan_layers needs identical layers"):
+    with pytest.raises(UserError, match="--scan_layers needs layers that repeat"):
         jax.eval_shape(lambda: model(IDS_BL))
     model = models.create_model(config, execution=Execution(remat="full"))
     jax.eval_shape(lambda: model(IDS_BL))  # remat alone is fine

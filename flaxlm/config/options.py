@@ -72,8 +72,9 @@ class ModelArgs(ModelLoadingArgs):
     trust_remote_code: bool = option(False, key="task.model.trust_remote_code",
                                      help="allow code from the hub (off unless asked for)")
     scan_layers: bool = option(False, key="task.model.scan_layers",
-                               help="run the identical layers under jax.lax.scan: compiles one layer instead of N, "
-                                    "same results (the saved weights are unchanged)")
+                               help="run the layers under jax.lax.scan (identical layers, or a repeating pattern "
+                                    "such as Gemma 2's local/global pairs): compiles one layer (or one pattern) "
+                                    "instead of N, same results (the saved weights are unchanged)")
     remat_policy: str = option("none", choices=REMAT_POLICIES, key="task.model.remat_policy",
                                help="recompute each layer's activations in the backward pass instead of keeping them: "
                                     "less memory for more compute. full keeps nothing (about one more forward pass), "

@@ -63,8 +63,10 @@ def run_layers(layers, x, call, execution=None, per_layer=None):
     of arrays per layer, e.g. T5's cross-attention keys and values, or None).
 
     Under execution.scan, i is a traced int32 (fold it into a dropout key; do not branch on it), and the
-    layers' parameters and per_layer inputs are stacked along a new leading axis; all layers must be alike
-    (same graphdef). With a remat policy each layer's call goes through jax.checkpoint."""
+    layers' parameters and per_layer inputs are stacked along a new leading axis: the layers must repeat (same
+    graphdef as the layer a period before: identical layers, or Gemma 2's local/global pairs), each step of the
+    scan runs one period of them, and layers past the last whole period run after it. With a remat policy each
+    layer's call goes through jax.checkpoint."""
     execution = execution or Execution()
     per_layer = [None] * len(layers) if per_layer is None else list(per_layer)
     if not layers or (not execution.scan and execution.remat == "none"):
@@ -85,14 +87,29 @@ def run_layers(layers, x, call, execution=None, per_layer=None):
         for i, (graphdef, state, extra) in enumerate(zip(graphdefs, states, per_layer)):
             x = layer_fn(graphdef, i)(x, state, extra)
         return x
-    if any(g != graphdefs[0] for g in graphdefs[1:]):
-        raise UserError("--scan_layers needs identical layers, but this model's layers differ in a static setting "
-                        "(e.g. GPT-2's scale_attn_by_inverse_layer_idx); drop --scan_layers")
+    period = repeating_period(graphdefs)
+    if period == len(layers) > 1:
+        raise UserError("--scan_layers needs layers that repeat, but this model's layers all differ in a static "
+                        "setting (e.g. GPT-2's scale_attn_by_inverse_layer_idx); drop --scan_layers")
+    groups = len(layers) // period  # scanned: groups of `period` layers; the rest after them in a loop
 
     def body(x, xs):
-        i, state, extra = xs
-        return layer_fn(graphdefs[0], i)(x, state, extra), None
-    stack = lambda *arrays: jnp.stack(arrays)  # noqa: E731  (leaf by leaf, across the layers)
-    x, _ = jax.lax.scan(body, x, (jnp.arange(len(layers), dtype=jnp.int32), jax.tree.map(stack, *states),
-                                  jax.tree.map(stack, *per_layer)))
+        g, states, extras = xs
+        for j in range(period):
+            x = layer_fn(graphdefs[j], g * period + j)(x, states[j], extras[j])
+        return x, None
+    stack = lambda *arrays: jnp.stack(arrays)  # noqa: E731  (leaf by leaf, across the groups)
+    in_groups = lambda items, j: [items[g * period + j] for g in range(groups)]  # noqa: E731
+    x, _ = jax.lax.scan(body, x, (jnp.arange(groups, dtype=jnp.int32),
+                                  [jax.tree.map(stack, *in_groups(states, j)) for j in range(period)],
+                                  [jax.tree.map(stack, *in_groups(per_layer, j)) for j in range(period)]))
+    for i in range(groups * period, len(layers)):
+        x = layer_fn(graphdefs[i], i)(x, states[i], per_layer[i])
     return x
+
+
+def repeating_period(graphdefs):
+    """The smallest p such that layer i is built like layer i % p (Gemma 2's local/global pairs: 2; Gemma 3's five
+    local layers and a global one: 6); the layers past the last whole group must repeat the pattern's start too."""
+    n = len(graphdefs)
+    return next(p for p in range(1, n + 1) if all(graphdefs[i] == graphdefs[i % p] for i in range(n)))
