@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Continue prompts with a causal LM (GPT-2, OPT, Llama: config.json + model.safetensors), in JAX.
+"""Continue prompts with a causal LM (GPT-2, OPT, Llama, Mistral, Qwen2/3, Gemma 1/2/3, GPT-Neo, GPT-J, BLOOM:
+config.json + safetensors, sharded or not), in JAX.
 
     python generate.py --model_name_or_path runs/clm-demo/run --prompt "def main(" --max_new_tokens 40
     python generate.py --model_name_or_path DIR --prompt_file prompts.txt --do_sample --top_p 0.9 --seed 1

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Causal language-model pretraining and fine-tuning in JAX/Flax; the successor of Hugging Face's run_clm_flax.py.
 
-Pipeline: options -> output directory -> tokenizer and decoder-only model (GPT-2, OPT or Llama-style; new
-from --config_name, or a Hugging Face checkpoint from --model_name_or_path to fine-tune) -> text ->
-documents joined with an end-of-text token and cut into blocks of --block_size -> training over all
-devices (each token predicted from those before it) with evaluation and checkpoints -> export in
-Hugging Face format to --output_dir.
+Pipeline: options -> output directory -> tokenizer and decoder-only model (GPT-2, OPT, Llama, Mistral, Qwen2/3,
+Gemma 1/2/3, GPT-Neo, GPT-J, BLOOM; new from --config_name, or a Hugging Face checkpoint from --model_name_or_path to
+continue, read shard by shard straight into its sharding) -> text -> documents joined with an end-of-text token and
+cut into blocks of --block_size -> training over all devices (each token predicted from those before it) with
+evaluation and checkpoints -> export in Hugging Face format to --output_dir.
 
     python run_clm_flax.py --output_dir runs/gpt2 --config_name MODEL_DIR --tokenizer_name MODEL_DIR \
         --train_file train.txt --validation_file valid.txt --block_size 512

@@ -58,7 +58,8 @@ class ModelLoadingArgs:
 class ModelArgs(ModelLoadingArgs):
     model_type: str | None = option(key="task.model.model_type",
                                     help="model family (bert, roberta, xlm-roberta, camembert, electra, deberta-v2, "
-                                         "modernbert, t5, mt5, umt5, gpt2, opt, llama), checked against "
+                                         "modernbert, t5, mt5, umt5, gpt2, opt, llama, mistral, qwen2, qwen3, gemma, "
+                                         "gemma2, gemma3_text, gpt_neo, gptj, bloom), checked against "
                                          "config.json; with neither --config_name nor --model_name_or_path, a new "
                                          "model of transformers' default config for it, sized to the tokenizer (as "
                                          "Hugging Face's scripts did)")

@@ -7,7 +7,8 @@ execution=Execution(scan=True, remat="full")) (flaxlm.models.layer_stack); the p
 Fine-tuning heads (BERT/RoBERTa): create_model(config, task="sequence_classification" or "question_answering"),
 or load_for_task(path, task) for the encoder of a pretrained checkpoint with that head (flaxlm.models.pretrained).
 
-Each model family is one file (bert.py, t5.py, gpt2.py, opt.py, llama.py, xlm_roberta.py) ending in its Family entry
+Each model family is one file (bert.py, t5.py, gpt2.py, llama.py, mistral.py, gemma2.py, bloom.py, ...) ending in its
+Family entry
 (flaxlm.models.family), registered in flaxlm.models.registry. The names below are re-exported from build.py,
 registry.py, convert.py, pretrained.py and hf_io.py.
 """
