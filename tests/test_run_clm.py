@@ -74,6 +74,22 @@ def test_pretrain_export_loads_in_transformers_with_our_loss(model_dir, corpus, 
     assert our_loss(str(out), ids) == pytest.approx(hf_loss(hf, ids), abs=1e-4)
 
 
+@pytest.mark.parametrize("preset", ["mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gemma-tiny", "gemma2-tiny",
+                                    "gemma3-tiny", "gpt_neo-tiny", "gptj-tiny", "bloom-tiny"])
+def test_each_family_pretrains_from_its_tiny_preset(preset, model_dir_for, corpus, tmp_path):
+    """create_config.py's tiny preset of each newer family, sized to our tokenizer: run_clm_flax.py trains it from
+    scratch (the loss falls), exports, and transformers' class of the family computes our loss on the export."""
+    out = tmp_path / "run"
+    run_clm_flax.main(run_args(model_dir_for(preset), corpus, out, "--max_steps", "4", "--eval_steps", "4",
+                               "--eval_at_start", "--save_steps", "4", "--learning_rate", "1e-2"))
+    evals = read_metrics(out, "eval")
+    assert evals[-1]["loss"] < evals[0]["loss"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == json.loads((out / "config.json").read_text())["architectures"][0]
+    ids = np.random.default_rng(0).integers(3, 300, (2, 32))
+    assert our_loss(str(out), ids) == pytest.approx(hf_loss(hf, ids), abs=1e-4)
+
+
 # A tiny transformers model of each causal family for fine-tuning: (class, config fields), vocabulary 320
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 FINE_TUNE = {
