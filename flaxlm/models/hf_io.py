@@ -194,6 +194,16 @@ def _lazy_file(file):
         raise _damaged(file, e) from None
 
 
+def checkpoint_files(path):
+    """The weight files of the checkpoint in directory `path` ([] if it has none), each shard its index lists
+    checked to exist (UserError naming a missing one)."""
+    if os.path.isfile(os.path.join(path, SAFE_INDEX)) or os.path.isfile(os.path.join(path, SAFE_WEIGHTS)):
+        return _checkpoint_files(path, SAFE_WEIGHTS, SAFE_INDEX, "re-save the model")
+    if has_pickle_checkpoint(path):
+        return _checkpoint_files(path, PICKLE_WEIGHTS, PICKLE_INDEX, "download the model again")
+    return []
+
+
 def lazy_checkpoint(path):
     """{name: LazyTensor} of model.safetensors or of every shard listed in model.safetensors.index.json (each shard
     checked to exist first), nothing read but the headers; a PyTorch pickle checkpoint is read whole instead

@@ -13,10 +13,19 @@ def start_run(args, model_args):
     from flaxlm.training.compile_cache import enable_compilation_cache
     from flaxlm.training.output_dir import check_hub_access, prepare_output_dir
     meshlib.maybe_initialize_distributed(args)
+    check_local_checkpoint(model_args.model_name_or_path)
     prepare_output_dir(args)
     enable_compilation_cache(args.compilation_cache_dir)
     if args.push_to_hub:
         check_hub_access(args.hub_token or model_args.token)
+
+
+def check_local_checkpoint(path):
+    """UserError, before --output_dir is made, when a local checkpoint's index names a shard that is not there."""
+    import os
+    from flaxlm.models import hf_io
+    if path and os.path.isdir(os.path.expanduser(path)):
+        hf_io.checkpoint_files(os.path.expanduser(path))
 
 
 # What to pass when neither --model_name_or_path nor --config_name is given: pretraining, or a fine-tuning task.
