@@ -21,7 +21,7 @@ from flaxlm.models.decoder import CausalLM
 from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import RMSNorm, activation, attention, compute_dtype, dense, embed, fold_key
-from flaxlm.models.llama import fused_dense, heads, inverse_frequencies, rope
+from flaxlm.models.llama import checked_heads, fused_dense, heads, inverse_frequencies, rope
 
 
 def norm(dim, eps):
@@ -114,11 +114,7 @@ class GemmaForCausalLM(CausalLM):
     final_softcap."""
 
     def __init__(self, config, *, dtype="float32", rngs, execution=None):
-        N, K, H = heads(config)
-        if N % K:
-            raise UserError(f"num_attention_heads {N} is not a multiple of num_key_value_heads {K}; fix config.json")
-        if H % 2:
-            raise UserError(f"head_dim {H} is odd; rotary position embeddings need an even head_dim")
+        N, K, H = checked_heads(config)
         if getattr(config, "use_bidirectional_attention", False):
             raise UserError("use_bidirectional_attention is not supported (flaxlm's Gemma is a causal LM); set it "
                             "to false in config.json")

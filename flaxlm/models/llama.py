@@ -65,6 +65,17 @@ def heads(config):
     return N, K, getattr(config, "head_dim", None) or config.hidden_size // N
 
 
+def checked_heads(config):
+    """heads(config), or a UserError when the query heads are not a multiple of the key/value heads or the head
+    width is odd (RoPE rotates pairs)."""
+    N, K, H = heads(config)
+    if N % K:
+        raise UserError(f"num_attention_heads {N} is not a multiple of num_key_value_heads {K}; fix config.json")
+    if H % 2:
+        raise UserError(f"head_dim {H} is odd; rotary position embeddings need an even head_dim")
+    return N, K, H
+
+
 def rope(x_BTNH, positions_BT, inv_freq):
     """x rotated by angle position * inv_freq in (first half, second half) pairs (Hugging Face's rotate_half),
     computed in float32; returns x's dtype."""
@@ -160,11 +171,7 @@ class LlamaForCausalLM(CausalLM):
     (flaxlm.models.layer_stack.Execution; default a plain loop)."""
 
     def __init__(self, config, *, dtype="float32", rngs, execution=None):
-        N, K, H = heads(config)
-        if N % K:
-            raise UserError(f"num_attention_heads {N} is not a multiple of num_key_value_heads {K}; fix config.json")
-        if H % 2:
-            raise UserError(f"head_dim {H} is odd; rotary position embeddings need an even head_dim")
+        N, K, H = checked_heads(config)
         activation(config.hidden_act)
         self.inv_freq = inverse_frequencies(config, H)
         self.dtype = compute_dtype(dtype)
