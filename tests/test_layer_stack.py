@@ -160,7 +160,8 @@ def test_flags_choose_the_execution():
         Execution(remat="some")
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+# (Gemma 2's soft-capped scores are computed explicitly: no fused attention call to reach)
+@pytest.mark.parametrize("family", sorted(set(CONFIGS) - {"gemma2"}))
 def test_the_attention_implementation_reaches_every_attention_call(family, monkeypatch):
     seen = []
     real = jax.nn.dot_product_attention
