@@ -108,8 +108,8 @@ def describe(params, trainable, freeze_steps, total_steps):
     numbers = sum(flat[p].size for p in names)
     total = sum(x.size for x in flat.values())
     shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)" if len(names) > 6 else "")
-    when = (f"for the first {freeze_steps} steps, then everything" if freeze_steps and freeze_steps < total_steps
-            else "for the whole run")
+    when = (f"for the first {freeze_steps} step{'s' if freeze_steps > 1 else ''}, then everything"
+            if freeze_steps and freeze_steps < total_steps else "for the whole run")
     return (f"training only {len(names)} of {len(flat)} parameter arrays ({_human(numbers)} of {_human(total)} "
             f"numbers: {shown}) {when}")
 
