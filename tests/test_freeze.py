@@ -14,6 +14,7 @@ import run_clm_flax
 import run_helpers
 from run_helpers import expect_user_error, read_metrics
 from flaxlm.config.options import TrainingArgs
+from flaxlm.errors import UserError
 from flaxlm.data.rows import ShuffledRows
 from flaxlm.models import abstract_model, create_model, decay_mask, load_config, save_pretrained, split_model
 from flaxlm.models.presets import build_config
@@ -46,7 +47,7 @@ def test_embeddings_are_the_vocabulary_sized_parameters_of_each_family(preset, e
 def test_a_pattern_matching_nothing_names_the_paths_form():
     config = build_config("llama-tiny")
     _, params = abstract_model(config)
-    with pytest.raises(Exception, match=r"--train_only lm_haed matches no parameter; patterns are regular "
+    with pytest.raises(UserError, match=r"--train_only lm_haed matches no parameter; patterns are regular "
                                         r"expressions searched in the '/'-joined parameter paths, which here look "
                                         r"like embed/embedding, final_norm/scale, layers/0/"):
         trainable_mask(params, ["embed", "lm_haed"], config.vocab_size)
@@ -54,7 +55,8 @@ def test_a_pattern_matching_nothing_names_the_paths_form():
 
 def test_frozen_parameters_have_no_optimizer_state_until_the_switch():
     """The first phase's optimizer state holds Adam moments for the trained parameters only; the switch keeps
-    those and gives the others zero moments (their count at 0), the trained group's count going on."""
+    those and gives the others zero moments (their count at 0), the trained group's count going on, their learning
+    rate the schedule's at the switch."""
     config = build_config("llama-tiny")
     _, params = split_model(create_model(config, seed=0))
     trainable = trainable_mask(params, ["embeddings"], config.vocab_size)
@@ -77,6 +79,9 @@ def test_frozen_parameters_have_no_optimizer_state_until_the_switch():
     assert int(inner["train"].inner_state[0].count) == 1 and int(inner["frozen"].inner_state[0].count) == 0
     assert all(not np.any(m) for m in jax.tree.leaves(inner["frozen"].inner_state[0].mu))
     jax.tree.map(np.testing.assert_array_equal, inner["train"], kept)
+    updates, _ = phases[1].tx.update(grads, switched["opt_state"], switched["params"])
+    # Adam's first step moves each newly trained parameter by the learning rate the run's schedule has reached
+    np.testing.assert_allclose(flat_params(updates)["final_norm/scale"], -schedule(2), rtol=1e-4)
 
 
 
