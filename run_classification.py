@@ -80,7 +80,7 @@ def main(argv=None):
     # Train, evaluating the loss, accuracy and the task's metrics over the whole validation set.
     objective = sentence_objective(graphdef, config, task, width, tokenizer.pad_token_id)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
-                                mesh, micro_batch, eval_batch, labeled_test)
+                                mesh, micro_batch, eval_batch, labeled_test, vocab_size=config.vocab_size)
     if params is None:  # --eval_checkpoints: an evaluation job
         return
 

@@ -69,7 +69,7 @@ def main(argv=None):
     objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
                               head_chunk_rows=args.lm_head_chunk_rows)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows)
+                                micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM")

@@ -85,7 +85,7 @@ def main(argv=None):
     objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, seq_len,
                                   electra_args.discriminator_weight, electra_args.sampling_temperature)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows)
+                                micro_batch, eval_batch, test_rows, vocab_size=disc_config.vocab_size)
 
     # Export in Hugging Face format: the generator under generator/, then the discriminator (and --push_to_hub).
     if params is not None:  # None: an evaluation job (--eval_checkpoints) exports nothing

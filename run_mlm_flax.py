@@ -70,7 +70,7 @@ def main(argv=None):
     # Train: masked tokens predicted at their slots only.
     objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows)
+                                micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForMaskedLM")

@@ -73,7 +73,7 @@ def main(argv=None):
     # Train: start/end cross-entropy; evaluation reports exact match and F1 over the validation questions.
     objective = squad_objective(graphdef, config, seq_len, tokenizer.pad_token_id, qa_args, eval_windows)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_windows and eval_windows[1],
-                                total_steps, mesh, micro_batch, eval_batch)
+                                total_steps, mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     if params is None:
         return  # an evaluation job (--eval_checkpoints): nothing to write
 

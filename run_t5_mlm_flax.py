@@ -65,7 +65,7 @@ def main(argv=None):
     # Train: the decoder predicts each sentinel and the tokens its span replaced.
     objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows)
+                                micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, f"transformers.{family_of(config).architecture}")

@@ -228,6 +228,18 @@ class TrainingArgs:
                                   help="clip gradients to this global norm (0 turns clipping off)")
     warmup_steps: int = option(0, minimum=0, key="trainer.optimizer.warmup_steps",
                                help="linear warmup steps, then linear decay to 0")
+    train_only: list[str] | None = option(key="trainer.train_only",
+                                          help="train only these parameters (continued pretraining, e.g. after "
+                                               "adapt_vocabulary.py): 'embeddings' (every parameter with a "
+                                               "vocabulary-sized first or last dimension: the token embeddings, the "
+                                               "LM head / output embeddings and their bias) and/or regular "
+                                               "expressions searched in the parameters' '/'-joined paths (embed, "
+                                               "lm_head, 'layers/0/'); the others get no update and no optimizer "
+                                               "state for the first --freeze_steps steps (default: the whole run)")
+    freeze_steps: int | None = option(minimum=1, key="trainer.freeze_steps",
+                                      help="with --train_only: train only those parameters for this many steps, then "
+                                           "everything (the others' optimizer state starts at zero then; the "
+                                           "learning-rate schedule goes on)")
     logging_steps: int = option(500, minimum=1, key="trainer.summary_interval",
                                 help="log loss, tokens/s and MFU every N steps")
     eval_steps: int | None = option(minimum=1, key="trainer.validation_interval",

@@ -101,7 +101,10 @@ class Checkpointer:
         self.manager.reload()
 
     def restore(self, step, like_state):
-        """The state at `step`, placed like `like_state` (same shardings), and its meta dict."""
+        """The state at `step`, placed like `like_state` (same shardings; or a function of the step giving it),
+        and its meta dict."""
+        if callable(like_state):
+            like_state = like_state(step)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
         got = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                  meta=ocp.args.JsonRestore()))

@@ -12,6 +12,7 @@ import time
 from flaxlm.errors import UserError
 from flaxlm.training.checkpoint import Checkpointer, saved_steps
 from flaxlm.training.evaluation import Evaluator
+from flaxlm.training.freeze import as_phases
 from flaxlm.training.run_log import RunLog, say
 from flaxlm.training.train_step import initial_state
 
@@ -25,7 +26,9 @@ def evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batc
     if eval_rows is None:
         raise UserError("--eval_checkpoints needs validation data; pass --validation_file (or a dataset with a "
                         "validation split, or keep --validation_split_percentage above 0)")
-    like_state, shardings = initial_state(params, tx, mesh, args.sharding)
+    phases = as_phases(tx)  # --train_only: a checkpoint's optimizer state has its phase's form
+    like_state, shardings = initial_state(params, phases[0].tx, mesh, args.sharding)
+    like_state = phases.like_state(like_state, mesh, args.sharding)
     checkpointer = Checkpointer(args.output_dir)
     log = RunLog(args.output_dir, fresh=False, filename=EVAL_LOG, tensorboard=os.path.join("tensorboard",
                                                                                             "eval_checkpoints"))

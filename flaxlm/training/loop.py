@@ -19,24 +19,35 @@ from flaxlm.training.checkpoint import check_room
 from flaxlm.training.divergence import NonFiniteSteps
 from flaxlm.training.evaluation import Evaluator
 from flaxlm.training.flops import mesh_peak_flops
+from flaxlm.training.freeze import as_phases
 from flaxlm.training.objective import collate_rng
 from flaxlm.training.preemption import StopOnSignal
 from flaxlm.training.progress import TrainProgress
 from flaxlm.training.run_log import say
 from flaxlm.training.saving import Saver
 from flaxlm.training.sharding import gather_to_host_readable
-from flaxlm.training.train_step import BatchLayout, compile_train_step, initial_state
+from flaxlm.training.train_step import BatchLayout, abstract_state, compile_train_step, initial_state
 
 
 def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh, total_steps,
           micro_batch, eval_batch, log, dtype="float32", test_rows=None):
-    """Run the loop to total_steps, then evaluate test_rows if given; returns the final params (replicated)."""
+    """Run the loop to total_steps, then evaluate test_rows if given; returns the final params (replicated).
+    tx: an optax transformation, or the Phases of a --train_only run (flaxlm.training.freeze)."""
     layout = BatchLayout.plan(micro_batch, args.gradient_accumulation_steps, mesh, objective.tokens_per_example,
                               args.cpu_chunk_tokens)
-    state, shardings = initial_state(params, tx, mesh, args.sharding)  # --sharding: data or fsdp
-    train_step = compile_train_step(objective.loss_sums, tx, layout, shardings)
+    phases = as_phases(tx)
+    state, shardings = initial_state(params, phases[0].tx, mesh, args.sharding)  # --sharding: data or fsdp
+    largest = phases.largest_state(state, mesh, args.sharding)
     saver = Saver(args, train_rows, layout.global_batch)
-    start, state = saver.resume(state, log)
+    start, state = saver.resume(state, log, like=phases.like_state(state, mesh, args.sharding))
+    phase = phases.index_after(start)
+    if phase:  # resumed past --freeze_steps
+        shardings = abstract_state(params, phases[phase].tx, mesh, args.sharding)[1]
+
+    def compiled(phase):
+        return compile_train_step(objective.loss_sums, phases[phase].tx, layout, shardings,
+                                  trainable=phases[phase].trainable)
+    train_step = compiled(phase)
     seed = saver.seed
     evaluate = Evaluator(objective, mesh, shardings["params"], eval_batch, seed, log)
     evaluating = args.do_eval and eval_rows is not None
@@ -45,7 +56,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         f"{'unknown peak' if peak is None else f'{peak:.3g} FLOP/s'} ({peak_source})")
     nonfinite = NonFiniteSteps(args.skip_nonfinite_steps, saver.checkpointer.newest_description)
     if start < total_steps:
-        check_room(args.output_dir, state, args.save_total_limit)
+        check_room(args.output_dir, largest, args.save_total_limit)
     progress = TrainProgress(log, schedule, layout.global_batch, objective, peak,
                              isinstance(train_rows, StreamedRows), start, total_steps)
     base_key = jax.random.PRNGKey(seed)
@@ -58,6 +69,12 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                 rows = train_rows.batch_rows(step, layout.local_rows)
                 batch = layout.to_device(objective.collate(rows, collate_rng(seed, 1, step)))
                 t_data = time.perf_counter() - t_data
+                if phases.index_at(step) != phase:  # past --freeze_steps: every parameter trains from here on
+                    phase = phases.index_at(step)
+                    state, shardings = phases.switch(state, mesh, args.sharding)
+                    train_step = compiled(phase)
+                    say(f"step {step + 1}: every parameter trains from here on (the frozen ones' optimizer state "
+                        f"starts now)")
                 state, metrics = train_step(state, batch, jax.random.fold_in(base_key, step))
                 done = step + 1
                 nonfinite.watch(done, metrics)  # reads the previous step's flag: no stall

@@ -12,6 +12,8 @@ def start_run(args, model_args):
     from flaxlm.training import mesh as meshlib
     from flaxlm.training.compile_cache import enable_compilation_cache
     from flaxlm.training.output_dir import check_hub_access, prepare_output_dir
+    from flaxlm.training import freeze
+    freeze.check_options(args)
     meshlib.maybe_initialize_distributed(args)
     check_local_checkpoint(model_args.model_name_or_path)
     prepare_output_dir(args)
@@ -170,15 +172,25 @@ def batch_sizes(args, mesh):
 
 
 def train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-                       eval_batch, test_rows=None):
-    """The optimizer (weight decay off for biases and norms), the run log (with loss.png drawn at its end) and the
-    training loop over `objective` (honouring --do_train / --do_eval / --do_predict); returns the final params. With
-    --eval_checkpoints it evaluates the saved checkpoints instead (flaxlm.training.eval_job) and returns None."""
+                       eval_batch, test_rows=None, vocab_size=None):
+    """The optimizer (weight decay off for biases and norms; with --train_only, first only those parameters:
+    flaxlm.training.freeze), the run log (with loss.png drawn at its end) and the training loop over `objective`
+    (honouring --do_train / --do_eval / --do_predict); returns the final params. With --eval_checkpoints it evaluates
+    the saved checkpoints instead (flaxlm.training.eval_job) and returns None. vocab_size: the model's, for
+    --train_only embeddings."""
+    import jax
     from flaxlm.models import decay_mask
+    from flaxlm.training import freeze
     from flaxlm.training.optim import make_optimizer
-    from flaxlm.training.run_log import RunLog
+    from flaxlm.training.run_log import RunLog, say
     from flaxlm.training.loop import train
-    tx, schedule = make_optimizer(args, total_steps, decay_mask(params))
+    trainable = freeze.trainable_mask(params, args.train_only, vocab_size) if args.train_only else None
+    if trainable is not None and all(jax.tree.leaves(trainable)):
+        say(f"--train_only {' '.join(args.train_only)} names every parameter: everything trains")
+        trainable = None
+    elif trainable is not None:
+        say(freeze.describe(params, trainable, args.freeze_steps, total_steps))
+    tx, schedule = make_optimizer(args, total_steps, decay_mask(params), trainable)
     if args.eval_checkpoints:  # an evaluation job: no training, no export
         from flaxlm.training.eval_job import evaluate_checkpoints
         evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps)

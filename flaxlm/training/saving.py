@@ -17,13 +17,15 @@ class Saver:
         self.train_rows, self.global_batch = train_rows, global_batch
         self.seed = args.seed  # a resumed run continues with its checkpoint's seed
 
-    def resume(self, state, log):
+    def resume(self, state, log, like=None):
         """(first step, state): 0 and `state` for a fresh run; with --resume_from_checkpoint, the checkpoint's
         step and state, after checking it was written with this run's batch and rows; the log rows past it
-        are dropped (the steps after it are run again)."""
+        are dropped (the steps after it are run again). like: what the checkpoint is read into (default `state`;
+        a function of the step where the state's structure depends on it: flaxlm.training.freeze)."""
         if not self.resume_from:
             return 0, state
-        start, state, meta, resume_dir = restore_for_resume(self.resume_from, self.checkpointer, state)
+        start, state, meta, resume_dir = restore_for_resume(self.resume_from, self.checkpointer,
+                                                            state if like is None else like)
         log.drop_after(start)  # rows a killed run logged past its last checkpoint are redone
         rows = self._num_train_rows()
         if meta.get("global_batch") != self.global_batch or meta.get("num_train_rows") != rows:

@@ -21,10 +21,14 @@ from flaxlm.training import mesh as meshlib
 from flaxlm.training.divergence import apply_if_finite
 
 
-def make_train_step(loss_sums, tx, accum_steps):
-    """(state, batch, key) -> (state, metrics). With accumulation, batch leaves are [accum, B, ...]."""
+def make_train_step(loss_sums, tx, accum_steps, trainable=None):
+    """(state, batch, key) -> (state, metrics). With accumulation, batch leaves are [accum, B, ...]. trainable: a
+    tree of bools like the params (--train_only's first phase): the gradient stops at the others (zero, never
+    computed), so the gradient norm (clipping, the log) is the trained parameters'."""
     def grads_and_sums(params, batch, key):
         def f(p):
+            if trainable is not None:
+                p = jax.tree.map(lambda x, t: x if t else jax.lax.stop_gradient(x), p, trainable)
             sums = loss_sums(p, batch, key)
             return sums["loss_sum"], sums
         (_, sums), grads = jax.value_and_grad(f, has_aux=True)(params)
@@ -57,11 +61,21 @@ def make_train_step(loss_sums, tx, accum_steps):
 def initial_state(params, tx, mesh, sharding):
     """(train state {step, params, opt_state} on the mesh, its shardings) for --sharding data or fsdp."""
     from flaxlm.training.sharding import state_shardings
-
-    def new_state(p):  # built inside jit: each device creates only its part of the optimizer state
-        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
+    new_state = _new_state(tx)  # built inside jit: each device creates only its part of the optimizer state
     shardings = state_shardings(jax.eval_shape(new_state, params), mesh, sharding)
     return jax.jit(new_state, out_shardings=shardings)(jax.device_put(params, shardings["params"])), shardings
+
+
+def abstract_state(params, tx, mesh, sharding):
+    """(the train state initial_state would make, as jax.ShapeDtypeStructs with their shardings; the shardings)."""
+    from flaxlm.training.sharding import state_shardings
+    shapes = jax.eval_shape(_new_state(tx), params)
+    shardings = state_shardings(shapes, mesh, sharding)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings), shardings
+
+
+def _new_state(tx):
+    return lambda p: {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
 
 
 def cpu_chunks(rows_per_device, tokens_per_row, chunk_tokens, platform=None):
@@ -117,11 +131,12 @@ class BatchLayout:
                 f"{self.piece_rows * self.chunks // self.devices} x {self.accumulation_steps} accumulation{chunks})")
 
 
-def compile_train_step(loss_sums, tx, layout, shardings, donate=True):
+def compile_train_step(loss_sums, tx, layout, shardings, donate=True, trainable=None):
     """make_train_step jitted over the mesh: the state placed as `shardings` (initial_state's) and, when
     `donate`, updated in place; the batch as `layout` says; the metrics whole on every device."""
     repl = meshlib.replicated(layout.sharding.mesh)
-    return jax.jit(make_train_step(loss_sums, tx, layout.accum), in_shardings=(shardings, layout.sharding, repl),
+    return jax.jit(make_train_step(loss_sums, tx, layout.accum, trainable),
+                   in_shardings=(shardings, layout.sharding, repl),
                    out_shardings=(shardings, repl), donate_argnums=0 if donate else ())
 
 
