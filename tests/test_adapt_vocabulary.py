@@ -10,16 +10,32 @@ import pytest
 import adapt_vocabulary
 from flaxlm.adaptation.focus import sparsemax
 from flaxlm.adaptation.pieces import Pieces, convention, token_key
-from flaxlm.adaptation.rows import vocabulary_axes
+from flaxlm.adaptation.rows import flat, vocabulary_axes
 from flaxlm.adaptation.vocabulary import build_rules, special_rules
-from flaxlm.models import apply_model, create_model, load_pretrained, save_pretrained, split_model
+from flaxlm.models import abstract_model, apply_model, create_model, load_pretrained, save_pretrained, split_model
 from flaxlm.models.hf_io import load_config
+from flaxlm.models.presets import PRESETS, build_config
 from flaxlm.tokenization.loading import load_tokenizer
 
-# (preset, source tokenizer type and size, new tokenizer type and size, transformers' Auto class)
-KINDS = {"encoder": ("roberta-tiny", ("bpe", 300), ("wordpiece", 260), "AutoModelForMaskedLM"),
-         "t5": ("t5-v1_1-tiny", ("unigram", 300), ("unigram", 500), "AutoModelForSeq2SeqLM"),
-         "decoder": ("llama-tiny", ("bpe", 300), ("bpe", 400), "AutoModelForCausalLM")}
+# (preset, source tokenizer type and size, new tokenizer type and size); each method runs on the first three
+KINDS = {"encoder": ("roberta-tiny", ("bpe", 300), ("wordpiece", 260)),
+         "t5": ("t5-v1_1-tiny", ("unigram", 300), ("unigram", 500)),
+         "decoder": ("llama-tiny", ("bpe", 300), ("bpe", 400)),
+         "bert": ("bert-tiny", ("wordpiece", 260), ("bpe", 300)),
+         "deberta-v2": ("deberta-v3-tiny", ("bpe", 300), ("wordpiece", 260)),
+         "modernbert": ("modernbert-tiny", ("bpe", 300), ("bpe", 400)),
+         "mt5": ("mt5-tiny", ("unigram", 300), ("unigram", 500)),
+         "gpt2": ("gpt2-tiny", ("bpe", 300), ("unigram", 300)),
+         "gemma": ("gemma-tiny", ("unigram", 300), ("bpe", 300)),
+         "bloom": ("bloom-tiny", ("bpe", 300), ("bpe", 400))}
+AUTO = {"encoder": "AutoModelForMaskedLM", "t5": "AutoModelForSeq2SeqLM", "decoder": "AutoModelForCausalLM"}
+
+
+def kind_of(name):
+    """encoder, t5 or decoder: how the model is called."""
+    if name in ("encoder", "t5", "decoder"):
+        return name
+    return {"bert": "encoder", "deberta-v2": "encoder", "modernbert": "encoder", "mt5": "t5"}.get(name, "decoder")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +45,7 @@ def source_for(model_dir_for, tmp_path_factory):
 
     def source(kind):
         if kind not in made:
-            preset, (old_type, old_size), (new_type, new_size), _ = KINDS[kind]
+            preset, (old_type, old_size), (new_type, new_size) = KINDS[kind]
             d = str(tmp_path_factory.mktemp(f"source-{kind}"))
             shutil.copytree(model_dir_for(preset, old_type, old_size), d, dirs_exist_ok=True)
             config = load_config(d)
@@ -110,7 +126,7 @@ def our_logits(path, kind, ids_BL):
     graphdef, params = split_model(model)
     mask = jnp.ones_like(ids_BL)
     if kind == "encoder":
-        return config, apply_model(graphdef, params, ids_BL, mask, jnp.zeros_like(ids_BL))
+        return config, apply_model(graphdef, params, ids_BL, mask)
     if kind == "t5":
         return config, apply_model(graphdef, params, ids_BL, mask, ids_BL[:, :5], jnp.ones_like(ids_BL[:, :5]))
     return config, apply_model(graphdef, params, ids_BL, mask, jnp.arange(ids_BL.shape[1])[None].repeat(2, 0))
@@ -119,7 +135,7 @@ def our_logits(path, kind, ids_BL):
 def hf_logits(path, kind, ids_BL):
     import torch
     import transformers
-    model, info = getattr(transformers, KINDS[kind][3]).from_pretrained(path, output_loading_info=True)
+    model, info = getattr(transformers, AUTO[kind]).from_pretrained(path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ids = torch.tensor(np.asarray(ids_BL))
     with torch.no_grad():
@@ -128,16 +144,38 @@ def hf_logits(path, kind, ids_BL):
         return model.eval()(input_ids=ids).logits.numpy()
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(KINDS)[:3])
 @pytest.mark.parametrize("method", ["random", "overlap", "mean", "focus"])
 def test_each_method_on_each_kind_loads_in_transformers(source_for, corpus, tmp_path, kind, method):
     src, new = source_for(kind)
     out = tmp_path / "out"
     adapt(src, new, out, "--method", method, "--focus_train_file", corpus["train"])
-    ids_BL = jnp.asarray(np.random.default_rng(0).integers(3, len(load_tokenizer(new)), (2, 9)))
-    config, ours = our_logits(str(out), kind, ids_BL)
-    assert config.vocab_size == len(load_tokenizer(str(out)))
-    np.testing.assert_allclose(np.asarray(ours), hf_logits(str(out), kind, ids_BL), atol=1e-4)
+    check_against_transformers(str(out), kind_of(kind))
+
+
+@pytest.mark.parametrize("family", list(KINDS)[3:])
+def test_mean_on_more_families_loads_in_transformers(source_for, tmp_path, capsys, family):
+    src, new = source_for(family)
+    adapt(src, new, tmp_path / "out", "--method", "mean")
+    assert "mean " in capsys.readouterr().out  # the coverage line
+    check_against_transformers(str(tmp_path / "out"), kind_of(family))
+
+
+def check_against_transformers(out, kind):
+    ids_BL = jnp.asarray(np.random.default_rng(0).integers(3, len(load_tokenizer(out)), (2, 9)))
+    config, ours = our_logits(out, kind, ids_BL)
+    assert config.vocab_size == len(load_tokenizer(out))
+    np.testing.assert_allclose(np.asarray(ours), hf_logits(out, kind, ids_BL), atol=1e-4)
+
+
+def test_every_family_has_vocabulary_tensors():
+    """Every family's tiny preset: the input embeddings [V, D] found, each tensor V long on its axis."""
+    for name in [n for n in PRESETS if n.endswith("tiny")]:
+        config = build_config(name)
+        axes = vocabulary_axes(config)
+        shapes = {p: s.shape for p, s in flat(abstract_model(config)[1]).items()}
+        assert all(shapes[p][a] == config.vocab_size for p, a in axes.items()), name
+        assert any(len(shapes[p]) == 2 and a == 0 for p, a in axes.items()), name
 
 
 def test_extend_vocabulary_keeps_old_rows(source_for, corpus, tmp_path):

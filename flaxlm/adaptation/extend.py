@@ -19,7 +19,8 @@ def ranked_words(new_tok, text_file):
     if not text_file:
         return ids
     with open(text_file, encoding="utf-8") as f:
-        counts = Counter(i for line in f for i in new_tok(line.strip(), add_special_tokens=False)["input_ids"])
+        counts = Counter(i for line in f
+                         for i in new_tok(line.strip(), add_special_tokens=False, verbose=False)["input_ids"])
     return sorted(ids, key=lambda i: (-counts[i], i))
 
 

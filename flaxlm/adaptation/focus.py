@@ -24,7 +24,7 @@ def train_aux_embeddings(path, tokenizer, dim=64, epochs=5, seed=0):
     from gensim.models import Word2Vec
     try:
         with open(path, encoding="utf-8") as f:
-            sentences = [[str(i) for i in tokenizer(line.strip(), add_special_tokens=False)["input_ids"]]
+            sentences = [[str(i) for i in tokenizer(line.strip(), add_special_tokens=False, verbose=False)["input_ids"]]
                          for line in f if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read --focus_train_file {path} ({e}); pass a UTF-8 text file") from None

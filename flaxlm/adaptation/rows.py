@@ -12,18 +12,18 @@ from flaxlm.errors import UserError
 from flaxlm.models import abstract_model
 
 
-def _flat(tree, prefix=()):
+def flat(tree, prefix=()):
     if not isinstance(tree, dict):
         return {prefix: tree}
-    return {p: x for k, v in tree.items() for p, x in _flat(v, (*prefix, k)).items()}
+    return {p: x for k, v in tree.items() for p, x in flat(v, (*prefix, k)).items()}
 
 
 def vocabulary_axes(config):
     """{params path: vocabulary axis} of config's pretraining model; UserError when it has none."""
     bigger = copy.deepcopy(config)
     bigger.vocab_size = config.vocab_size + 1
-    shapes = _flat(abstract_model(config)[1])
-    grown = _flat(abstract_model(bigger)[1])
+    shapes = flat(abstract_model(config)[1])
+    grown = flat(abstract_model(bigger)[1])
     axes = {}
     for path, x in shapes.items():
         diff = [a for a, (n, m) in enumerate(zip(x.shape, grown[path].shape)) if n != m]

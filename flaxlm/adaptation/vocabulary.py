@@ -4,6 +4,8 @@ A rule is (old ids, weights): the new row is the weighted sum of those old rows 
 no rule means a fresh random row. The same rules rebuild every vocabulary-shaped tensor (input embeddings, an
 untied LM head, the MLM output bias). Each rule is counted under its kind: special (a special token mapped by its
 role), copied (the same token in both vocabularies), mean (FVT: the mean of the token's old pieces), focus, random.
+FOCUS gives a token that its training text never shows (no auxiliary vector) the mean of its pieces; a token
+without old pieces (all unknown to the old tokenizer) starts random.
 """
 import re
 from collections import Counter
