@@ -27,7 +27,10 @@ KINDS = {"encoder": ("roberta-tiny", ("bpe", 300), ("wordpiece", 260)),
          "mt5": ("mt5-tiny", ("unigram", 300), ("unigram", 500)),
          "gpt2": ("gpt2-tiny", ("bpe", 300), ("unigram", 300)),
          "gemma": ("gemma-tiny", ("unigram", 300), ("bpe", 300)),
-         "bloom": ("bloom-tiny", ("bpe", 300), ("bpe", 400))}
+         "bloom": ("bloom-tiny", ("bpe", 300), ("bpe", 400)),
+         "electra": ("electra-tiny-generator", ("wordpiece", 260), ("wordpiece", 300)),
+         "t5-tied": ("t5-tiny", ("unigram", 300), ("unigram", 500)),
+         "qwen3": ("qwen3-tiny", ("bpe", 300), ("bpe", 400))}
 AUTO = {"encoder": "AutoModelForMaskedLM", "t5": "AutoModelForSeq2SeqLM", "decoder": "AutoModelForCausalLM"}
 
 
@@ -35,7 +38,8 @@ def kind_of(name):
     """encoder, t5 or decoder: how the model is called."""
     if name in ("encoder", "t5", "decoder"):
         return name
-    return {"bert": "encoder", "deberta-v2": "encoder", "modernbert": "encoder", "mt5": "t5"}.get(name, "decoder")
+    return {"bert": "encoder", "deberta-v2": "encoder", "modernbert": "encoder", "electra": "encoder", "mt5": "t5",
+            "t5-tied": "t5"}.get(name, "decoder")
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +196,8 @@ def test_extend_vocabulary_keeps_old_rows(source_for, corpus, tmp_path):
         assert i in merged("a" + word + " b", add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("case", ["no_mask", "too_many", "output_exists", "tokenizer_too_big", "focus_no_text"])
+@pytest.mark.parametrize("case", ["no_mask", "too_many", "output_exists", "tokenizer_too_big", "focus_no_text",
+                                  "extend_with_focus"])
 def test_bad_input_is_one_line_and_writes_nothing(source_for, model_dir_for, tmp_path, capsys, case):
     src, new = source_for("encoder")
     out, extra = tmp_path / "out", ["--method", "mean"]
@@ -212,8 +217,10 @@ def test_bad_input_is_one_line_and_writes_nothing(source_for, model_dir_for, tmp
                 os.remove(src2 / f)
         shutil.copytree(model_dir_for(None, "bpe", 400), src2, dirs_exist_ok=True)
         src = str(src2)
-    else:
+    elif case == "focus_no_text":
         extra = ["--method", "focus"]
+    else:
+        extra = ["--method", "focus", "--extend_vocabulary", "5"]
     with pytest.raises(SystemExit) as e:
         adapt_vocabulary.run_main(lambda: adapt(src, new, out, *extra))
     assert e.value.code == 2

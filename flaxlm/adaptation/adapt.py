@@ -8,7 +8,7 @@ from flaxlm.adaptation.rows import check_rows, rebuild, vocabulary_axes
 from flaxlm.adaptation.vocabulary import build_rules, check_roles, coverage
 from flaxlm.errors import UserError
 from flaxlm.files import check_writable_dir
-from flaxlm.models import create_model, family_of, load_pretrained, save_pretrained, split_model
+from flaxlm.models import create_model, family_of, load_config, load_pretrained, save_pretrained, split_model
 from flaxlm.models.presets import special_ids
 from flaxlm.tokenization.loading import load_tokenizer
 
@@ -32,6 +32,9 @@ def check_inputs(args):
         raise UserError("--method focus needs --focus_train_file (text in the new language)")
     if args.focus_train_file and not os.path.isfile(args.focus_train_file):
         raise UserError(f"--focus_train_file {args.focus_train_file} does not exist")
+    if args.extend_vocabulary and args.method != "mean":
+        raise UserError(f"--extend_vocabulary starts the added rows by mean, not --method {args.method}; drop "
+                        f"--method")
 
 
 def new_config(config, tokenizer, vocab_size):
@@ -47,11 +50,17 @@ def adapt(args):
     check_inputs(args)
     old_tok = load_tokenizer(args.model_name_or_path, local_only=True)
     new_tok = load_tokenizer(args.tokenizer_name, local_only=True)
-    config, model = load_pretrained(args.model_name_or_path)
+    config = load_config(args.model_name_or_path)
     if len(old_tok) > config.vocab_size:
         raise UserError(f"the source's tokenizer has {len(old_tok)} tokens but its embeddings only "
                         f"{config.vocab_size} rows; pass a model directory whose tokenizer matches its weights")
+    if args.extend_vocabulary and args.extend_vocabulary > len(new_tok):
+        raise UserError(f"--extend_vocabulary {args.extend_vocabulary} is larger than the new tokenizer's "
+                        f"{len(new_tok)} tokens")
+    if not args.extend_vocabulary:
+        check_roles(new_tok, needed_roles(config))
     axes = vocabulary_axes(config)
+    config, model = load_pretrained(args.model_name_or_path)  # the weights, once the inputs are known good
     params = split_model(model)[1]
     check_rows(params, axes, config.vocab_size)
     if args.extend_vocabulary:
@@ -59,7 +68,6 @@ def adapt(args):
                                                  args.focus_train_file)
         vocab_size = max(config.vocab_size, len(new_tok))
     else:
-        check_roles(new_tok, needed_roles(config))
         rules, kinds = build_rules(args.method, new_tok, old_tok, args.focus_train_file, args.seed)
         vocab_size = len(new_tok)
     config = new_config(config, new_tok, vocab_size)

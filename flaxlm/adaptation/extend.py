@@ -10,7 +10,6 @@ import copy
 from collections import Counter
 
 from flaxlm.adaptation.pieces import BYTE_LEVEL, Pieces, convention, token_key
-from flaxlm.errors import UserError
 
 
 def ranked_words(new_tok, text_file):
@@ -28,8 +27,6 @@ def extend_tokenizer(old_tok, new_tok, n, old_rows, text_file=None):
     """(the old tokenizer with n words added, rules {id: (old ids, weights)}, kinds {id: kind}); the old_rows
     rows of the old embeddings are kept (copied)."""
     from tokenizers import AddedToken
-    if n > len(new_tok):
-        raise UserError(f"--extend_vocabulary {n} is larger than the new tokenizer's {len(new_tok)} tokens")
     new_kind, old_kind, pieces = convention(new_tok), convention(old_tok), Pieces(old_tok)
     known = set(old_tok.get_vocab())
     added, rules = [], {}
