@@ -9,7 +9,7 @@ import pytest
 
 import adapt_vocabulary
 from flaxlm.adaptation.focus import sparsemax
-from flaxlm.adaptation.pieces import Pieces, convention, token_key
+from flaxlm.adaptation.pieces import BYTE_LEVEL, METASPACE, WORDPIECE, Pieces, convention, token_key
 from flaxlm.adaptation.rows import flat, vocabulary_axes
 from flaxlm.adaptation.vocabulary import build_rules, special_rules
 from flaxlm.models import abstract_model, apply_model, create_model, load_pretrained, save_pretrained, split_model
@@ -78,6 +78,19 @@ def test_sparsemax_is_sparse_and_sums_to_one():
     w = sparsemax(np.array([3.0, 2.9, 0.1, -1.0, 0.0, 2.0]))
     assert (w >= 0).all() and np.isclose(w.sum(), 1.0) and (w == 0).sum() >= 3
     np.testing.assert_allclose(sparsemax([1.0, 1.0]), [0.5, 0.5])
+
+
+def test_token_keys_agree_across_conventions():
+    """A word start is ('hello', True) whether written 'Ġhello', '▁hello' or 'hello' (WordPiece); bytes that are
+    not a whole character keep their bytes."""
+    assert token_key("Ġhello", BYTE_LEVEL) == token_key("▁hello", METASPACE) == token_key("hello", WORDPIECE) \
+        == ("hello", True)
+    assert token_key("lo", BYTE_LEVEL) == token_key("lo", METASPACE) == token_key("##lo", WORDPIECE) == ("lo", False)
+    assert token_key("▁New▁York", METASPACE) == ("New York", True)
+    e_acute = "é".encode()  # 2 bytes: 'Ã' '©' in byte-level BPE's alphabet, <0xC3> <0xA9> in SentencePiece's
+    assert token_key("Ã©", BYTE_LEVEL) == ("é", False)
+    first = token_key("<0xC3>", METASPACE)[0]
+    assert first.encode("utf-8", "surrogateescape") == e_acute[:1]
 
 
 def test_mean_overlap_and_special_rows(source_for, corpus, tmp_path):
