@@ -397,3 +397,21 @@ def declared_fields():
     """Every option field declared here, each once (a field two groups share through a base class once too)."""
     groups = [g for g in globals().values() if isinstance(g, type) and dataclasses.is_dataclass(g)]
     return list({id(f): f for g in groups for f in dataclasses.fields(g)}.values())
+
+
+@dataclass
+class AdaptArgs:
+    """adapt_vocabulary.py's options."""
+    required_options: ClassVar[tuple] = ("model_name_or_path", "tokenizer_name", "output_dir")
+    model_name_or_path: str | None = option(help="model directory to adapt (config.json, weights, its tokenizer)")
+    tokenizer_name: str | None = option(help="directory of the new tokenizer (train_tokenizer.py)")
+    output_dir: str | None = option(help="new, empty directory for the adapted model and its tokenizer")
+    method: str = option("mean", choices=("random", "overlap", "mean", "focus"),
+                         help="how new rows start: random (the family's initializer), overlap (shared tokens "
+                              "copied), mean (FVT: the mean of the old pieces), focus (FOCUS, needs "
+                              "--focus_train_file)")
+    extend_vocabulary: int | None = option(minimum=1, help="keep the old vocabulary and tokenizer and append this "
+                                                            "many tokens of the new tokenizer (rows by mean)")
+    focus_train_file: str | None = option(help="text in the new language (one text per line): FOCUS's auxiliary "
+                                               "embeddings; with --extend_vocabulary, ranks the new tokens")
+    seed: int = option(0, minimum=0, help="seed of the random rows and of FOCUS's auxiliary embeddings")

@@ -78,9 +78,10 @@ def _check_value(key, value, default):
     return value
 
 
-def _special_ids(tokenizer):
+def special_ids(tokenizer, encoder_decoder=False):
     """The tokenizer's pad/bos/eos ids; a tokenizer without bos/eos (WordPiece) gives its [CLS]/[SEP] ids, one
-    with neither None, so that a preset's ids of other tokens (RoBERTa's bos 0, eos 2) do not stay."""
+    with neither None, so that a preset's ids of other tokens (RoBERTa's bos 0, eos 2) do not stay. encoder_decoder
+    (T5): no bos, and decoder_start_token_id is the pad id."""
     vocab = tokenizer.get_vocab()
     out = {}
     for key, texts in _SPECIAL_TOKENS.items():
@@ -93,6 +94,10 @@ def _special_ids(tokenizer):
             out[key] = int(tid)
         elif key in _SEQUENCE_TOKENS:
             out[key] = None
+    if encoder_decoder:  # T5, mT5, UMT5: no bos; the decoder starts from the pad token
+        out.pop("bos_token_id", None)
+        if "pad_token_id" in out:
+            out["decoder_start_token_id"] = out["pad_token_id"]
     return out
 
 
@@ -143,12 +148,7 @@ def config_for(model_type, fields, tokenizer=None, overrides=None, fixed_type="c
 
     if tokenizer is not None:
         fields["vocab_size"] = len(tokenizer)
-        special = _special_ids(tokenizer)
-        if default.is_encoder_decoder:  # T5, mT5, UMT5: no bos; the decoder starts from the pad token
-            special.pop("bos_token_id", None)
-            if "pad_token_id" in special:
-                special["decoder_start_token_id"] = special["pad_token_id"]
-        fields.update(special)
+        fields.update(special_ids(tokenizer, default.is_encoder_decoder))
         vocab_size = overrides.get("vocab_size")
         if vocab_size is not None and vocab_size < len(tokenizer):
             raise UserError(f"tokenizer has {len(tokenizer)} tokens but vocab_size is {vocab_size}; "

@@ -1,0 +1,3 @@
+"""Adapting a pretrained model to a new tokenizer (adapt_vocabulary.py): what each token of a vocabulary means as
+text (pieces), the rules that give each new token's embedding row (vocabulary), FOCUS's weights (focus), a
+vocabulary extended with new tokens (extend), and the rows rebuilt in the params (rows)."""
