@@ -63,7 +63,7 @@ def eval_losses(out_dir):
 def fertility(tokenizer_dir, text_file):
     """Tokens per whitespace-separated word of text_file's lines under the tokenizer (no special tokens)."""
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)  # our own tokenizers only
     tok.model_max_length = 10 ** 9  # whole lines, no truncation warning
     with open(text_file, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
