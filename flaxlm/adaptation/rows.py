@@ -10,6 +10,7 @@ import numpy as np
 
 from flaxlm.errors import UserError
 from flaxlm.models import abstract_model
+from flaxlm.models.convert import get_path, set_path
 
 
 def flat(tree, prefix=()):
@@ -35,22 +36,10 @@ def vocabulary_axes(config):
     return axes
 
 
-def _get(tree, path):
-    for k in path:
-        tree = tree[k]
-    return tree
-
-
-def _set(tree, path, value):
-    for k in path[:-1]:
-        tree = tree[k]
-    tree[path[-1]] = value
-
-
 def check_rows(params, axes, vocab_size):
     """UserError unless each vocabulary tensor of the loaded params has vocab_size rows on its axis."""
     for path, axis in axes.items():
-        shape = np.shape(_get(params, path))
+        shape = np.shape(get_path(params, path))
         if shape[axis] != vocab_size:
             raise UserError(f"the source's {'/'.join(path)} has shape {list(shape)}, not {vocab_size} rows of the "
                             f"vocabulary on axis {axis}; the checkpoint does not match its config.json")
@@ -61,9 +50,9 @@ def rebuild(params, fresh, axes, rules):
     the rows that have a rule replaced by the rule's weighted sum of old rows."""
     out = jax.tree.map(np.asarray, params)
     for path, axis in axes.items():
-        old_VX = np.moveaxis(np.asarray(_get(params, path)), axis, 0)
-        new_VX = np.array(np.moveaxis(np.asarray(_get(fresh, path)), axis, 0))
+        old_VX = np.moveaxis(np.asarray(get_path(params, path)), axis, 0)
+        new_VX = np.array(np.moveaxis(np.asarray(get_path(fresh, path)), axis, 0))
         for new_id, (ids, weights) in rules.items():
             new_VX[new_id] = np.tensordot(np.asarray(weights, old_VX.dtype), old_VX[np.asarray(ids)], axes=1)
-        _set(out, path, np.moveaxis(new_VX, 0, axis))
+        set_path(out, path, np.moveaxis(new_VX, 0, axis))
     return out

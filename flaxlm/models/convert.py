@@ -25,13 +25,13 @@ def task_of(config, params):
     return next((task for task, head in heads.items() if all(g in params for g in head.groups)), None)
 
 
-def _get(tree, path):
+def get_path(tree, path):
     for k in path:
         tree = tree[k]
     return tree
 
 
-def _set(tree, path, value):
+def set_path(tree, path, value):
     for k in path[:-1]:
         tree = tree.setdefault(k, {})
     tree[path[-1]] = value
@@ -57,7 +57,7 @@ def to_hf_state_dict(config, params):
     bfloat16 where the params are (--param_dtype bfloat16)."""
     out = {}
     for hf, path, kind in name_map_of(config, task_of(config, params)).names:
-        x = np.asarray(_get(params, path))
+        x = np.asarray(get_path(params, path))
         x = x if x.dtype.name == "bfloat16" else x.astype(np.float32)
         out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
     return out
@@ -76,7 +76,7 @@ def _fill_absent_groups(config, tensors, name_map, absent, init_params, seed, ta
     tensors = dict(tensors)
     for hf, path, kind in name_map.names:
         if path[0] in absent:
-            x = np.asarray(_get(init_params, path), np.float32)
+            x = np.asarray(get_path(init_params, path), np.float32)
             tensors[hf] = x.T if kind == "linear" else x
     return tensors
 
@@ -102,7 +102,7 @@ def _matched(config, tensors, init_params, seed, task):
         raise UserError(f"checkpoint has unexpected tensor(s) {_list(unexpected)}; it does not match config.json "
                         f"({_describe(config)})")
     for hf, path, kind in expected:
-        want = tuple(_get(shapes, path).shape)
+        want = tuple(get_path(shapes, path).shape)
         want_hf = want[::-1] if kind == "linear" else want
         x = tensors[hf]
         if tuple(x.shape) != want_hf:
@@ -129,7 +129,7 @@ def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
     params = {}
     for hf, path, kind in expected:
         x = np.asarray(tensors[hf]).astype(np.float32)
-        _set(params, path, np.ascontiguousarray(x.T if kind == "linear" else x))
+        set_path(params, path, np.ascontiguousarray(x.T if kind == "linear" else x))
     return params
 
 
@@ -144,9 +144,9 @@ def place_hf_state_dict(config, tensors, shardings, *, param_dtype="float32", se
     dtype = jnp.dtype(param_dtype)
     params = {}
     for hf, path, kind in expected:
-        x = _place(np.asarray(tensors[hf]), kind == "linear", _get(shardings, path))
+        x = _place(np.asarray(tensors[hf]), kind == "linear", get_path(shardings, path))
         # waited for, so that the host's copy and the file-dtype one are freed before the next tensor comes
-        _set(params, path, (x if x.dtype == dtype else _cast(x, dtype)).block_until_ready())
+        set_path(params, path, (x if x.dtype == dtype else _cast(x, dtype)).block_until_ready())
     return params
 
 

@@ -15,6 +15,7 @@ from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.decoder import CausalLM
 from flaxlm.models.family import Family, add_linear, add_norm, config_ties, drop_tied_head, with_prefix
+from flaxlm.models.gpt2 import GPT2LMHeadModel
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import LayerNorm, activation, attention, compute_dtype, dense, dropout, embed, fold_key
 from flaxlm.models.llama import fused_dense
@@ -107,9 +108,7 @@ class GPTNeoForCausalLM(CausalLM):
         self.kv_heads, self.head_dim = N, D // N
         self.max_positions = config.max_position_embeddings
 
-    def embed_input(self, input_ids_BL, positions_BL, dropout_key):
-        x_BLD = self.embed(input_ids_BL) + self.position(positions_BL)
-        return dropout(x_BLD.astype(self.dtype), self.dropout_rate, fold_key(dropout_key, 0))
+    embed_input = GPT2LMHeadModel.embed_input  # token + learned position embeddings, dropped out, as GPT-2's
 
 
 def tensor_names(config):
