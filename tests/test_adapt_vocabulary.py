@@ -67,7 +67,7 @@ def adapt(src, new, out, *extra):
 def embeddings(path):
     config, model = load_pretrained(path)
     params = split_model(model)[1]
-    path_, _ = next(iter(sorted(vocabulary_axes(config).items(), key=lambda kv: len(kv[0]))))
+    path_, _ = min(vocabulary_axes(config).items(), key=lambda kv: (kv[1] != 0, len(kv[0]), kv[0]))  # [V, D] first
     table = params
     for k in path_:
         table = table[k]
@@ -78,6 +78,10 @@ def test_sparsemax_is_sparse_and_sums_to_one():
     w = sparsemax(np.array([3.0, 2.9, 0.1, -1.0, 0.0, 2.0]))
     assert (w >= 0).all() and np.isclose(w.sum(), 1.0) and (w == 0).sum() >= 3
     np.testing.assert_allclose(sparsemax([1.0, 1.0]), [0.5, 0.5])
+    # by hand: support {3.0, 2.9}, threshold (3.0 + 2.9 - 1) / 2 = 2.45
+    np.testing.assert_allclose(w, [0.55, 0.45, 0, 0, 0, 0], atol=1e-12)
+    z_BN = np.random.default_rng(0).normal(size=(5, 7)) * 3
+    np.testing.assert_allclose(sparsemax(z_BN), np.stack([sparsemax(z) for z in z_BN]), atol=1e-12)
 
 
 def test_token_keys_agree_across_conventions():
@@ -195,8 +199,9 @@ def test_every_family_has_vocabulary_tensors():
         assert any(len(shapes[p]) == 2 and a == 0 for p, a in axes.items()), name
 
 
-def test_extend_vocabulary_keeps_old_rows(source_for, corpus, tmp_path):
-    src, new = source_for("decoder")
+@pytest.mark.parametrize("kind", ["decoder", "t5"])  # a byte-level BPE source; a SentencePiece (metaspace) one
+def test_extend_vocabulary_keeps_old_rows(source_for, corpus, tmp_path, kind):
+    src, new = source_for(kind)
     adapt(src, new, tmp_path / "out", "--extend_vocabulary", "20", "--focus_train_file", corpus["train"])
     old_tok, merged = load_tokenizer(src), load_tokenizer(str(tmp_path / "out"))
     old_E, new_E = embeddings(src), embeddings(tmp_path / "out")
@@ -206,7 +211,7 @@ def test_extend_vocabulary_keeps_old_rows(source_for, corpus, tmp_path):
     for i in range(len(old_tok), len(merged)):
         word = merged.convert_ids_to_tokens(i)
         np.testing.assert_allclose(new_E[i], old_E[pieces((word.strip(), True))].mean(0), atol=1e-6)
-        assert i in merged("a" + word + " b", add_special_tokens=False)["input_ids"]
+        assert i in merged("a " + word.strip() + " b", add_special_tokens=False)["input_ids"]
 
 
 @pytest.mark.parametrize("case", ["no_mask", "too_many", "output_exists", "tokenizer_too_big", "focus_no_text",

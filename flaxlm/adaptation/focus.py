@@ -6,16 +6,16 @@ import numpy as np
 from flaxlm.errors import UserError
 
 
-def sparsemax(z_N):
-    """The Euclidean projection of scores z_N onto the probability simplex (Martins and Astudillo, 2016):
-    non-negative weights summing to 1, most of them exactly 0."""
-    z_N = np.asarray(z_N, np.float64)
-    sorted_N = np.sort(z_N)[::-1]
-    cumsum_N = np.cumsum(sorted_N)
-    k_N = np.arange(1, len(z_N) + 1)
-    support = k_N[1 + k_N * sorted_N > cumsum_N][-1]
-    tau = (cumsum_N[support - 1] - 1) / support
-    return np.maximum(z_N - tau, 0.0)
+def sparsemax(z_BN):
+    """The Euclidean projection of each row of scores z_BN (or of one vector) onto the probability simplex
+    (Martins and Astudillo, 2016): non-negative weights summing to 1, most of them exactly 0."""
+    z_BN = np.asarray(z_BN, np.float64)
+    sorted_BN = -np.sort(-z_BN, axis=-1)
+    cumsum_BN = np.cumsum(sorted_BN, axis=-1)
+    k_N = np.arange(1, z_BN.shape[-1] + 1)
+    support_B = np.sum(1 + k_N * sorted_BN > cumsum_BN, axis=-1, keepdims=True)  # the condition holds for a prefix
+    tau_B = (np.take_along_axis(cumsum_BN, support_B - 1, axis=-1) - 1) / support_B
+    return np.maximum(z_BN - tau_B, 0.0)
 
 
 def train_aux_embeddings(path, tokenizer, dim=64, epochs=5, seed=0):
@@ -35,7 +35,7 @@ def train_aux_embeddings(path, tokenizer, dim=64, epochs=5, seed=0):
     return {t: v / max(np.linalg.norm(v), 1e-12) for t, v in vectors.items()}
 
 
-def focus_weights(target_D, shared_SD, temperature=0.1):
-    """The sparsemax weights over the shared tokens of one new token: its cosine similarity to each (unit vectors
-    in), divided by the temperature (FOCUS's 0.1)."""
-    return sparsemax(shared_SD @ target_D / temperature)
+def focus_weights(target_BD, shared_SD, temperature=0.1):
+    """The sparsemax weights [B, S] over the shared tokens of B new tokens: each one's cosine similarity to each
+    shared token (unit vectors in), divided by the temperature (FOCUS's 0.1)."""
+    return sparsemax(target_BD @ shared_SD.T / temperature)

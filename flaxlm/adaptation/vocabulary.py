@@ -20,6 +20,7 @@ METHODS = ("random", "overlap", "mean", "focus")
 # roles in the order tried; a role the old tokenizer lacks falls back to its twin (RoBERTa's <s> is cls and bos)
 ROLES = {"cls_token": "bos_token", "bos_token": "cls_token", "sep_token": "eos_token", "eos_token": "sep_token",
          "pad_token": None, "mask_token": None, "unk_token": None}
+_FOCUS_BATCH = 256  # new tokens whose FOCUS weights are computed together
 _SENTINEL = re.compile(r"^<extra_id_(\d+)>$")
 
 
@@ -96,9 +97,11 @@ def _add_focus(rules, kinds, rest, shared, aux):
     new_S = list(shared)
     old_S = np.array([shared[i] for i in new_S])
     aux_SD = np.stack([aux[i] for i in new_S])
-    for new_id in rest:
-        if new_id in aux:
-            w_S = focus_weights(aux[new_id], aux_SD)
+    todo = [i for i in rest if i in aux]
+    for start in range(0, len(todo), _FOCUS_BATCH):
+        batch = todo[start:start + _FOCUS_BATCH]
+        w_BS = focus_weights(np.stack([aux[i] for i in batch]), aux_SD)
+        for new_id, w_S in zip(batch, w_BS):
             keep = np.nonzero(w_S)[0]
             rules[new_id], kinds[new_id] = (old_S[keep].tolist(), w_S[keep].tolist()), "focus"
 
