@@ -27,8 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main(argv=None):
     (args,) = parse_args(SuiteArgs, argv=argv, prog="evaluate_suite.py", description=__doc__)
-    from flaxlm.tasks.suite.runner import check_flags, evaluate_task, model_kind, prepare_output_dir
-    from flaxlm.tasks.suite.suite_file import KINDS, read_suite
+    from flaxlm.tasks.suite.runner import evaluate_task, model_kind, prepare_output_dir
+    from flaxlm.tasks.suite.suite_file import KINDS, read_suite, script_options
     from flaxlm.tasks.suite.table import text_table, write_results
 
     # The suite's tasks, those that fit the model, their flags: all checked before the first run.
@@ -50,7 +50,7 @@ def main(argv=None):
         raise UserError(f"no task of {args.suite} fits a {kind} model; pass a suite with "
                         f"{'seq2seq' if kind == 'seq2seq' else 'classification, tagging, ner or qa'} tasks")
     for task in tasks:
-        check_flags(task)
+        script_options(task)  # the flags of the scripts whose options are known here: parsed as they will be
     prepare_output_dir(args.output_dir, tasks, args.overwrite_output_dir)
 
     # Each task fine-tuned and scored in turn, then the table.

@@ -213,3 +213,17 @@ def test_suite_reports_a_crash_and_scores_the_rest(roberta, tmp_path, capsys):
     # a T5 takes the seq2seq task only (whose script is not there: a row, not the end)
     expect_user_error(evaluate_suite.main, ["--model_name_or_path", roberta["t5"], *again, "--tasks", "sentiment"],
                       r"no task of .* fits a seq2seq model")
+
+
+def test_norwegian_suite_reads_with_the_shared_data(shared_data):
+    """configs/suites/norwegian.yaml: its files are in ../shared/data, its classification flags are
+    run_classification.py's."""
+    from flaxlm.tasks.suite.suite_file import read_suite, script_options
+    tasks = read_suite(os.path.join(os.path.dirname(evaluate_suite.__file__), "configs", "suites", "norwegian.yaml"),
+                       str(shared_data))
+    assert [(t.name, t.kind, t.metric) for t in tasks] == [
+        ("norec_sentence", "classification", "macro_f1"), ("ud_upos", "tagging", "accuracy"), ("norne", "ner", "f1"),
+        ("nn_nb", "seq2seq", "chrf")]
+    assert all(os.path.isfile(p) for t in tasks for p in t.flags["train_file"])
+    _, source, _, task_args, _ = script_options(tasks[0])
+    assert source.validation_file[0].endswith("norec_sentence_binary_dev.json") and task_args.label_column == "label"

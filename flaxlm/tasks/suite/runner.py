@@ -29,21 +29,6 @@ def model_kind(model_path):
     return "encoder" if family.heads else "decoder"
 
 
-def check_flags(task):
-    """The task's flags parsed by its script's own options, for the scripts whose options are known here: an
-    unknown flag or a bad value fails before any training."""
-    from flaxlm.config.cli import parse_args
-    from flaxlm.config.options import (DataArgs, ModelArgs, QuestionAnsweringArgs, SentencePredictionArgs,
-                                       TextSourceArgs, TrainingArgs)
-    groups = {"classification": SentencePredictionArgs, "qa": QuestionAnsweringArgs}.get(task.kind)
-    if groups is not None:
-        try:
-            parse_args(ModelArgs, TextSourceArgs, DataArgs, groups, TrainingArgs,
-                       argv=[*task.argv(), "--output_dir", "unused"], prog=KINDS[task.kind].script)
-        except UserError as e:
-            raise UserError(f"task {task.name}: {e}") from None
-
-
 def prepare_output_dir(output_dir, tasks, overwrite):
     """Check that no earlier run's folder is in the way (unless overwrite: its predictions file is removed, so that
     a crash now cannot be scored by the old file)."""

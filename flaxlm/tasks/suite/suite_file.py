@@ -17,6 +17,7 @@ import re
 
 import yaml
 
+from flaxlm.config import options
 from flaxlm.errors import UserError
 
 
@@ -134,3 +135,25 @@ def _data_file(path, data_dir, where):
                 f" (--data_dir {data_dir} does not exist: pass --data_dir, or set FLAXLM_DATA_DIR)")
         raise UserError(f"{where}: no file {full}{hint}; fix the path or the data folder")
     return full
+
+
+# The option groups of the scripts whose options are declared in flaxlm.config.options, as each script parses them
+SCRIPT_OPTIONS = {
+    "classification": (options.ModelArgs, options.TextSourceArgs, options.DataArgs, options.SentencePredictionArgs,
+                       options.TrainingArgs),
+    "qa": (options.ModelArgs, options.TextSourceArgs, options.DataArgs, options.QuestionAnsweringArgs,
+           options.TrainingArgs),
+}
+
+
+def script_options(task):
+    """The task's flags as its script parses them (one instance per option group), or None for a kind whose
+    script's options are not known here. An unknown flag or a bad value is a UserError naming the task."""
+    from flaxlm.config.cli import parse_args
+    if task.kind not in SCRIPT_OPTIONS:
+        return None
+    try:
+        return parse_args(*SCRIPT_OPTIONS[task.kind], argv=[*task.argv(), "--output_dir", "unused"],
+                          prog=KINDS[task.kind].script)
+    except UserError as e:
+        raise UserError(f"task {task.name}: {e}") from None

@@ -4,7 +4,7 @@ import os
 
 from flaxlm.errors import UserError
 from flaxlm.tasks.suite import baselines, scores
-from flaxlm.tasks.suite.suite_file import KINDS
+from flaxlm.tasks.suite.suite_file import KINDS, script_options
 
 
 def score_task(task, task_dir):
@@ -62,13 +62,9 @@ def _qa(task, path):
 def classification_training(task):
     """(the training split's labels, the class names), read by run_classification.py's own code from the task's
     flags (files, columns, held-out validation split, max_train_samples)."""
-    from flaxlm.config.cli import parse_args
-    from flaxlm.config.options import DataArgs, ModelArgs, SentencePredictionArgs, TextSourceArgs, TrainingArgs
     from flaxlm.data.sentence_data import label_ids, label_names, load_examples
     from flaxlm.tasks.sentence_prediction import resolve_task
-    _, source, data_args, task_args, args = parse_args(
-        ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs,
-        argv=[*task.argv(), "--output_dir", "unused"], prog="run_classification.py")
+    _, source, data_args, task_args, args = script_options(task)
     examples = load_examples(source, resolve_task(task_args, source.text_column), data_args.validation_split_percentage,
                              args.seed, max_train_samples=data_args.max_train_samples)
     names = label_names(examples["train"])
