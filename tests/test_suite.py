@@ -111,13 +111,14 @@ def test_score_task_reads_the_output_contract(tmp_path):
     assert baseline == pytest.approx(200 / 3)  # the whole file trains it: Han PRON, Oslo PROPN right; bor NOUN
 
     pairs = [("eg er her", "jeg er her", "jeg er her"), ("dei kom", "de kom", "dei kom"), ("ho", "hun", "ho")]
-    write(run / "predictions_validation.jsonl", "".join(
-        json.dumps({"source": s, "reference": r, "prediction": p}) + "\n" for s, r, p in pairs))
-    task = SuiteTask("nn_nb", "seq2seq", "chrf", {"train_file": [train]})
-    scored, baseline = score_task(task, str(run))
     refs = [r for _, r, _ in pairs]
-    assert scored.value == pytest.approx(corpus_chrf([p for _, _, p in pairs], [refs]).score)
-    assert baseline == pytest.approx(corpus_chrf([s for s, _, _ in pairs], [refs]).score)  # copy the source
+    for prefix in ("", "nn-nb: "):  # a source written with --source_prefix is copied without it
+        write(run / "predictions_validation.jsonl", "".join(
+            json.dumps({"source": prefix + s, "reference": r, "prediction": p}) + "\n" for s, r, p in pairs))
+        task = SuiteTask("nn_nb", "seq2seq", "chrf", {"train_file": [train], "source_prefix": prefix})
+        scored, baseline = score_task(task, str(run))
+        assert scored.value == pytest.approx(corpus_chrf([p for _, _, p in pairs], [refs]).score)
+        assert baseline == pytest.approx(corpus_chrf([s for s, _, _ in pairs], [refs]).score)  # copy the source
 
     squad = {"data": [{"paragraphs": [{"context": "Oslo er hovedstaden i Norge.", "qas": [
         {"id": "a", "question": "Hva er hovedstaden?", "answers": [{"text": "Oslo", "answer_start": 0}]},
@@ -128,6 +129,8 @@ def test_score_task_reads_the_output_contract(tmp_path):
                                            "validation_file": [str(tmp_path / "dev.json")]})
     scored, baseline = score_task(task, str(run))
     assert scored.value == 50.0 and baseline is None
+    first = SuiteTask("qa", "qa", "exact", {**task.flags, "max_eval_samples": 1})  # run_qa.py scored only "a"
+    assert score_task(first, str(run))[0].value == 100.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,11 +17,17 @@ def score_task(task, task_dir):
     if task.kind in ("tagging", "ner"):
         return _tagging(task, path)
     if task.kind == "seq2seq":
-        rows = scores.read_generated_predictions(path)
-        refs = [r["reference"] for r in rows]
-        scored = scores.generation_scored([r["prediction"] for r in rows], refs, task.metric)
-        return scored, scores.generation_scored([r["source"] for r in rows], refs, task.metric).value
+        return _seq2seq(task, path)
     return _qa(task, path), None
+
+
+def _seq2seq(task, path):
+    rows = scores.read_generated_predictions(path)
+    refs = [r["reference"] for r in rows]
+    prefix = task.flags.get("source_prefix") or ""
+    sources = [r["source"][len(prefix):] if prefix and r["source"].startswith(prefix) else r["source"] for r in rows]
+    return (scores.generation_scored([r["prediction"] for r in rows], refs, task.metric),
+            scores.generation_scored(sources, refs, task.metric).value)  # the source copied, without the prefix
 
 
 def _classification(task, path):
@@ -52,10 +58,9 @@ def _qa(task, path):
             predictions = json.load(f)
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read the answers in {path} ({e})") from None
-    questions = read_squad(task.flags["validation_file"], bool(task.flags.get("version_2_with_negative")),
-                           "validation")
-    limit = task.flags.get("max_eval_samples")
-    references = {q.id: q.answers for q in questions[:int(limit) if limit else None]}
+    _, source, data_args, qa_args, _ = script_options(task)  # as run_qa.py reads them
+    questions = read_squad(source.validation_file, qa_args.version_2_with_negative, "validation")
+    references = {q.id: q.answers for q in questions[:data_args.max_eval_samples]}
     return scores.squad_scored(predictions, references, task.metric)
 
 
