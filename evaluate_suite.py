@@ -43,12 +43,13 @@ def main(argv=None):
     skipped = [t.name for t in tasks if KINDS[t.kind].model != kind]
     for task in tasks:
         if task.name in skipped:
-            print(f"skipping {task.name}: a {task.kind} task is for {KINDS[task.kind].model} models, and "
-                  f"{args.model_name_or_path} is a {kind} model", flush=True)
+            print(f"skipping {task.name}: {task.kind} tasks are for {KINDS[task.kind].model} models, and "
+                  f"{args.model_name_or_path} is a model of kind {kind}", flush=True)
     tasks = [t for t in tasks if t.name not in skipped]
     if not tasks:
-        raise UserError(f"no task of {args.suite} fits a {kind} model; pass a suite with "
-                        f"{'seq2seq' if kind == 'seq2seq' else 'classification, tagging, ner or qa'} tasks")
+        fits = {"encoder": "classification, tagging, ner or qa tasks", "seq2seq": "seq2seq tasks"}.get(kind)
+        raise UserError(f"no task of {args.suite} fits a {kind} model; " + (
+            f"pass a suite with {fits}" if fits else "the suite fine-tunes encoders and T5-style models"))
     for task in tasks:
         script_options(task)  # the flags of the scripts whose options are known here: parsed as they will be
     prepare_output_dir(args.output_dir, tasks, args.overwrite_output_dir)

@@ -194,7 +194,7 @@ def test_suite_reports_a_crash_and_scores_the_rest(roberta, tmp_path, capsys):
                          "--output_dir", str(out), "--data_dir", roberta["data"], "--max_steps", "2",
                          "--bootstrap_resamples", "200"])
     printed = capsys.readouterr().out
-    assert "skipping nn_nb: a seq2seq task is for seq2seq models" in printed
+    assert "skipping nn_nb: seq2seq tasks are for seq2seq models, and" in printed
     results = json.loads((out / "results.json").read_text())
     broken, good = results["results"]
     assert broken["task"] == "broken" and "has no label column 'stars'" in broken["error"]
