@@ -230,3 +230,9 @@ def test_norwegian_suite_reads_with_the_shared_data(shared_data):
     assert all(os.path.isfile(p) for t in tasks for p in t.flags["train_file"])
     _, source, _, task_args, _ = script_options(tasks[0])
     assert source.validation_file[0].endswith("norec_sentence_binary_dev.json") and task_args.label_column == "label"
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        evaluate_suite.main(["--help"])
+    assert e.value.code == 0 and "--bootstrap_resamples" in capsys.readouterr().out
