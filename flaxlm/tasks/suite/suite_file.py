@@ -8,8 +8,9 @@
         tag_column: upos                    # any other key: the script's flag (--tag_column upos)
     defaults: {seed: 42}                    # optional: flags every task gets unless it sets them itself
 
-A mistake in the file (an unknown kind or metric, a missing data file, a flag the suite sets itself) is a UserError
-naming the task and the key.
+`metric` is the suite's own key (the table's score), not passed on: the script reports its default metrics. A
+mistake in the file (an unknown kind or metric, a missing data file, a flag the suite sets itself, for the scripts
+whose options are declared in flaxlm.config.options an unknown flag) is a UserError naming the task and the key.
 """
 import dataclasses
 import os
