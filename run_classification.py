@@ -84,13 +84,14 @@ def main(argv=None):
     if params is None:  # --eval_checkpoints: an evaluation job
         return
 
-    # Predictions files (index, predicted label) and the export in Hugging Face format.
+    # Predictions files (index, predicted label, gold label when known) and the export in Hugging Face format.
     for split, do in (("validation", args.do_eval), ("test", args.do_predict)):
         if do:
             outputs = collect_predictions(params, objective, rows[split], eval_batch, mesh)
             if meshlib.is_main_process():
                 path = os.path.join(args.output_dir, f"predictions_{split}.tsv")
-                write_predictions(path, task, outputs["logits"], names)
+                gold = rows[split]["labels"] if examples[split].labels is not None else None
+                write_predictions(path, task, outputs["logits"], names, gold)
                 print(f"wrote the {split} predictions to {path}", flush=True)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForSequenceClassification")
 

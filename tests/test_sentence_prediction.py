@@ -103,11 +103,13 @@ def test_end_to_end_fine_tune_export_and_predictions(pretrained, tmp_path, capsy
                                theirs, atol=1e-4, rtol=0)
     with open(out / "predictions_validation.tsv") as f:
         lines = f.read().splitlines()
-    assert lines[0] == "index\tprediction" and len(lines) == 1 + len(dev_rows)
+    assert lines[0] == "index\tprediction\tlabel" and len(lines) == 1 + len(dev_rows)
     assert [line.split("\t")[1] for line in lines[1:]] == [hf.config.id2label[int(i)] for i in theirs.argmax(-1)]
     assert [line.split("\t")[1] for line in lines[1:]] == [label for _, label in dev_rows]
+    assert [line.split("\t")[2] for line in lines[1:]] == [label for _, label in dev_rows]  # the gold labels
     with open(out / "predictions_test.tsv") as f:
-        assert len(f.read().splitlines()) == 1 + 5
+        lines = f.read().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 1 + 5  # unlabeled: no gold column
 
 
 @pytest.mark.parametrize("case,message", [

@@ -415,3 +415,22 @@ class AdaptArgs:
     focus_train_file: str | None = option(help="text in the new language (one text per line): FOCUS's auxiliary "
                                                "embeddings; with --extend_vocabulary, ranks the new tokens")
     seed: int = option(0, minimum=0, help="seed of the random rows and of FOCUS's auxiliary embeddings")
+
+
+@dataclass
+class SuiteArgs:
+    """evaluate_suite.py's options."""
+    model_name_or_path: str = required(help="the pretrained model directory to fine-tune on each task (config.json, "
+                                            "weights, tokenizer)")
+    suite: str = required(help="the suite's yaml file: its tasks, their files and flags (configs/suites/)")
+    output_dir: str = required(help="directory for each task's run (OUTPUT_DIR/<task>) and results.json / .md")
+    data_dir: str | None = option(help="folder the suite's file paths are relative to (default: $FLAXLM_DATA_DIR, "
+                                       "else ../shared/data from the scripts' folder)")
+    tasks: list[str] | None = option(help="run only these tasks of the suite (by name)")
+    max_steps: int | None = option(minimum=1, help="train every task this many steps (quick runs; overrides the "
+                                                   "suite's epochs)")
+    bootstrap_resamples: int = option(1000, minimum=1, help="resamples of the validation examples behind each "
+                                                           "score's 95 percent interval")
+    bootstrap_seed: int = option(0, minimum=0, help="seed of the bootstrap resamples")
+    overwrite_output_dir: bool = option(False, help="run into an output_dir that holds an earlier suite's runs "
+                                                    "(each task's predictions are removed before it runs)")

@@ -5,7 +5,7 @@ the model's head, the objective the training loop runs, and the predictions file
     config, model = load_model(model_args, seed, task="sequence_classification",
                                **classifier_labels(task, names))   # flaxlm.training.pipeline: encoder + head
     objective = sentence_objective(graphdef, config, task, width, pad_id)
-    write_predictions(path, task, logits, names)         # index<TAB>prediction (the label name, or the number)
+    write_predictions(path, task, logits, names, labels)  # index<TAB>prediction[<TAB>label]: names or numbers
 
 The loss is the mean cross-entropy over the batch's examples (regression: the mean squared error of the single
 output), as Hugging Face's *ForSequenceClassification computes it. Metrics come from scikit-learn and scipy.
@@ -154,12 +154,16 @@ def majority_scores(task, train_labels_N, labels_N, num_classes):
     return majority, compute_metrics(scored, {"labels": labels_N, "logits": logits_NC})
 
 
-def write_predictions(path, task, logits_NC, label_names):
-    """index<TAB>prediction per example, in order: the class name, or the regression output."""
+def write_predictions(path, task, logits_NC, label_names, labels_N=None):
+    """index<TAB>prediction per example, in order: the class name, or the regression output; with labels_N (a
+    labeled split's class ids or targets) a third column, label, the gold one."""
+    def value(x):
+        return f"{float(x):.6g}" if task.is_regression else label_names[int(x)]
+
     preds = predictions_of(task, logits_NC)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write("index\tprediction\n")
+        f.write("index\tprediction\tlabel\n" if labels_N is not None else "index\tprediction\n")
         for i, p in enumerate(preds):
-            f.write(f"{i}\t{float(p):.6g}\n" if task.is_regression else f"{i}\t{label_names[int(p)]}\n")
+            f.write(f"{i}\t{value(p)}\t{value(labels_N[i])}\n" if labels_N is not None else f"{i}\t{value(p)}\n")
     os.replace(tmp, path)

@@ -39,17 +39,25 @@ def gold_answers(answers):
     return [a for a in answers if normalize_answer(a)] or [""]
 
 
+def question_scores(predictions, references):
+    """[(exact, f1)] of each question of `references` in order, each 0 to 1 (the best over its gold answers; a
+    question without a prediction scores 0): the per-question scores squad_scores averages."""
+    out = []
+    for qid, answers in references.items():
+        golds, pred = gold_answers(answers), predictions.get(qid)
+        if pred is None:
+            out.append((0.0, 0.0))
+        else:
+            out.append((max(exact_match(pred, g) for g in golds), max(f1(pred, g) for g in golds)))
+    return out
+
+
 def squad_scores(predictions, references):
     """{'exact', 'f1'} in percent over the questions of `references` ({id: [gold texts]}, [] = no answer),
     predictions {id: text} (a missing id scores 0); with unanswerable questions among them, also
     'HasAns_exact/f1' and 'NoAns_exact/f1' over each kind, as the v2.0 script reports."""
-    exact, f1s, has_answer = [], [], []
-    for qid, answers in references.items():
-        golds = gold_answers(answers)
-        pred = predictions.get(qid)
-        exact.append(0.0 if pred is None else max(exact_match(pred, g) for g in golds))
-        f1s.append(0.0 if pred is None else max(f1(pred, g) for g in golds))
-        has_answer.append(golds != [""])
+    exact, f1s = zip(*question_scores(predictions, references)) if references else ((), ())
+    has_answer = [gold_answers(answers) != [""] for answers in references.values()]
     out = {"exact": _percent(exact), "f1": _percent(f1s)}
     if not all(has_answer):
         for name, keep in (("HasAns", True), ("NoAns", False)):

@@ -1,0 +1,67 @@
+#!/usr/bin/env python
+"""Judge a pretrained model: fine-tune and evaluate it on each task of a suite, then one table of the results.
+
+Pipeline: options -> the suite file (tasks, their files under --data_dir, their scripts' flags; checked before any
+training) -> the tasks that fit the model (encoders: classification, tagging, NER, QA; T5-style models: seq2seq;
+the others skipped with a line) -> each task run by its script (run_classification.py, run_token_classification.py,
+run_qa.py, run_seq2seq.py) into OUTPUT_DIR/<task>, one after another, a crash reported and the rest run -> each score
+recomputed from the task's predictions file, with a 95% bootstrap interval over the validation examples and the
+trivial baseline (majority class, most frequent tag per word, copy the source) -> the table, printed and written as
+OUTPUT_DIR/results.json and results.md.
+
+    python evaluate_suite.py --model_name_or_path runs/my-roberta --suite configs/suites/norwegian.yaml \
+        --output_dir runs/my-roberta-suite
+    python evaluate_suite.py ... --max_steps 50 --tasks norec_sentence ud_upos   # a quick look
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.config.options import SuiteArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv=None):
+    (args,) = parse_args(SuiteArgs, argv=argv, prog="evaluate_suite.py", description=__doc__)
+    from flaxlm.tasks.suite.runner import evaluate_task, model_kind, prepare_output_dir
+    from flaxlm.tasks.suite.suite_file import KINDS, read_suite, script_options
+    from flaxlm.tasks.suite.table import text_table, write_results
+
+    # The suite's tasks, those that fit the model, their flags: all checked before the first run.
+    data_dir = args.data_dir or os.environ.get("FLAXLM_DATA_DIR") or os.path.join(HERE, "..", "shared", "data")
+    tasks = read_suite(args.suite, data_dir)
+    if args.tasks:
+        unknown = sorted(set(args.tasks) - {t.name for t in tasks})
+        if unknown:
+            raise UserError(f"--tasks {unknown[0]} is not a task of {args.suite} ({', '.join(t.name for t in tasks)})")
+        tasks = [t for t in tasks if t.name in args.tasks]
+    kind = model_kind(args.model_name_or_path)
+    skipped = [t.name for t in tasks if KINDS[t.kind].model != kind]
+    for task in tasks:
+        if task.name in skipped:
+            print(f"skipping {task.name}: {task.kind} tasks are for {KINDS[task.kind].model} models, and "
+                  f"{args.model_name_or_path} is a model of kind {kind}", flush=True)
+    tasks = [t for t in tasks if t.name not in skipped]
+    if not tasks:
+        fits = {"encoder": "classification, tagging, ner or qa tasks", "seq2seq": "seq2seq tasks"}.get(kind)
+        raise UserError(f"no task of {args.suite} fits a {kind} model; " + (
+            f"pass a suite with {fits}" if fits else "the suite fine-tunes encoders and T5-style models"))
+    for task in tasks:
+        script_options(task)  # the flags of the scripts whose options are known here: parsed as they will be
+    prepare_output_dir(args.output_dir, tasks, args.overwrite_output_dir)
+
+    # Each task fine-tuned and scored in turn, then the table.
+    rows = [evaluate_task(task, args.model_name_or_path, args.output_dir, HERE, args) for task in tasks]
+    about = {"model": args.model_name_or_path, "suite": args.suite, "bootstrap_resamples": args.bootstrap_resamples,
+             "bootstrap_seed": args.bootstrap_seed, "skipped": skipped}
+    print(text_table(rows), flush=True)
+    for path in write_results(args.output_dir, rows, about):
+        print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,76 @@
+"""A finished task's score and baseline, from the predictions file its script wrote into its output folder."""
+import json
+import os
+
+from flaxlm.errors import UserError
+from flaxlm.tasks.suite import baselines, scores
+from flaxlm.tasks.suite.suite_file import KINDS, script_options
+
+
+def score_task(task, task_dir):
+    """(Scored of the task's metric on its validation examples, the baseline's score or None)."""
+    path = os.path.join(task_dir, KINDS[task.kind].predictions)
+    if not os.path.isfile(path):
+        raise UserError(f"the run wrote no {KINDS[task.kind].predictions} into {task_dir}")
+    if task.kind == "classification":
+        return _classification(task, path)
+    if task.kind in ("tagging", "ner"):
+        return _tagging(task, path)
+    if task.kind == "seq2seq":
+        return _seq2seq(task, path)
+    return _qa(task, path), None
+
+
+def _seq2seq(task, path):
+    rows = scores.read_generated_predictions(path)
+    refs = [r["reference"] for r in rows]
+    prefix = task.flags.get("source_prefix") or ""
+    sources = [r["source"][len(prefix):] if prefix and r["source"].startswith(prefix) else r["source"] for r in rows]
+    return (scores.generation_scored([r["prediction"] for r in rows], refs, task.metric),
+            scores.generation_scored(sources, refs, task.metric).value)  # the source copied, without the prefix
+
+
+def _classification(task, path):
+    golds, preds = scores.read_label_predictions(path)
+    train_labels, names = classification_training(task)
+    baseline = baselines.majority_labels(train_labels, len(golds))
+    return (scores.class_scored(golds, preds, names, task.metric),
+            scores.class_scored(golds, baseline, names, task.metric).value)
+
+
+def _tagging(task, path):
+    sentences = scores.read_tagged_predictions(path)
+    words = [[w for w, _, _ in s] for s in sentences]
+    golds = [[g for _, g, _ in s] for s in sentences]
+    preds = [[p for _, _, p in s] for s in sentences]
+    tag_of = baselines.tag_by_word(baselines.training_sentences(task, words))
+    baseline = [[tag_of(w) for w in ws] for ws in words]
+    if task.kind == "tagging":
+        return scores.tag_accuracy_scored(golds, preds), scores.tag_accuracy_scored(golds, baseline).value
+    return (scores.entity_scored(golds, preds, task.metric),
+            scores.entity_scored(golds, baseline, task.metric).value)
+
+
+def _qa(task, path):
+    from flaxlm.data.squad import read_squad
+    try:
+        with open(path, encoding="utf-8") as f:
+            predictions = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read the answers in {path} ({e})") from None
+    _, source, data_args, qa_args, _ = script_options(task)  # as run_qa.py reads them
+    questions = read_squad(source.validation_file, qa_args.version_2_with_negative, "validation")
+    references = {q.id: q.answers for q in questions[:data_args.max_eval_samples]}
+    return scores.squad_scored(predictions, references, task.metric)
+
+
+def classification_training(task):
+    """(the training split's labels, the class names), read by run_classification.py's own code from the task's
+    flags (files, columns, held-out validation split, max_train_samples)."""
+    from flaxlm.data.sentence_data import label_ids, label_names, load_examples
+    from flaxlm.tasks.sentence_prediction import resolve_task
+    _, source, data_args, task_args, args = script_options(task)
+    examples = load_examples(source, resolve_task(task_args, source.text_column), data_args.validation_split_percentage,
+                             args.seed, max_train_samples=data_args.max_train_samples)
+    names = label_names(examples["train"])
+    return [names[i] for i in label_ids(examples["train"], names)], names
