@@ -75,8 +75,10 @@ def load_pretrained(path, dtype="float32", *, seed=0, execution=None, shardings=
 
 def task_config(config, task, *, num_labels=None, id2label=None, problem_type=None):
     """A copy of `config` set up for the task: question answering has 2 outputs (start, end); a classifier has
-    num_labels outputs named by id2label ({id: name}; label2id follows), problem_type as transformers reads it."""
+    num_labels outputs named by id2label ({id: name}; label2id follows), problem_type as transformers reads it;
+    architectures names the task's class."""
     config = copy.deepcopy(config)
+    config.architectures = [name_map_of(config, task).architecture]  # the task's class (task_of reads it)
     if task == "question_answering":
         config.num_labels = 2
         return config
