@@ -28,15 +28,16 @@ IGNORE = -100  # the label of a sub-token that has no loss (transformers' ignore
 ROUND_WIDTH = 8  # rows are as wide as the longest sentence, rounded up to this (at most max_seq_length)
 
 
-def word_ids_of(words, offsets):
-    """The word index of each sub-token (None for special tokens) of " ".join(words) tokenized with offsets."""
+def word_ids_of(words, offsets, special):
+    """The word index of each sub-token of " ".join(words) tokenized with offsets (None for special tokens): the
+    word its characters belong to; a bare space piece (an empty span, byte-level BPE's lone Ġ) belongs to the word
+    after it, as the tokenizer's own word_ids() counts it."""
     owner = []
     for i, w in enumerate(words):
         owner += [i] * len(w) + [None]
-    out = []
-    for start, end in offsets:
-        out.append(next((owner[c] for c in range(start, end) if owner[c] is not None), None) if end > start else None)
-    return out
+    return [None if is_special else next((owner[c] for c in range(start, max(end, start + 1)) if c < len(owner)
+                                          and owner[c] is not None), None)
+            for (start, end), is_special in zip(offsets, special)]
 
 
 def align_labels(word_ids, word_labels, names, label_all_tokens=False):
@@ -64,12 +65,13 @@ def _encode(tokenizer, sentences, max_seq_length):
     """[(input_ids, word_ids)] of each sentence, truncated to max_seq_length sub-tokens."""
     try:
         enc = tokenizer([" ".join(words) for words in sentences.words], truncation=True, max_length=max_seq_length,
-                        return_offsets_mapping=True, return_attention_mask=False, verbose=False)
+                        return_offsets_mapping=True, return_special_tokens_mask=True, return_attention_mask=False,
+                        verbose=False)
     except NotImplementedError:
         raise UserError("the tokenizer gives no character offsets, which token classification needs; use a fast "
                         "tokenizer (tokenizer.json)") from None
-    return [(ids, word_ids_of(words, offsets))
-            for ids, offsets, words in zip(enc["input_ids"], enc["offset_mapping"], sentences.words)]
+    return [(ids, word_ids_of(words, offsets, special)) for ids, offsets, special, words in
+            zip(enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], sentences.words)]
 
 
 def token_rows(splits, tokenizer, max_seq_length, names, label_all_tokens=False):
