@@ -3,18 +3,17 @@ file, seqeval's numbers), bad input, and the pieces: CoNLL-U in both layouts, JS
 metrics and the baseline."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
-import create_config
 import run_token_classification
-import train_tokenizer
-from run_helpers import expect_user_error, read_metrics
+from run_helpers import expect_user_error, read_metrics, tiny_pretrained_roberta
 from flaxlm.config.options import TokenClassificationArgs, TextSourceArgs
 from flaxlm.data.conllu import read_conllu
 from flaxlm.data.tagged_sentences import Sentences, load_sentences, tag_names
-from flaxlm.errors import UserError
+from flaxlm.errors import UserError, run_main
 from flaxlm.tasks.tagging_metrics import MostFrequentTag, resolve_scheme, score
 from flaxlm.tasks.token_classification import IGNORE, align_labels, token_rows
 
@@ -63,17 +62,9 @@ UD = """# sent_id = 1
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    """A tiny RoBERTa as run_mlm_flax.py exports it (RobertaForMaskedLM + our BPE tokenizer)."""
-    from flaxlm import models
-    d = tmp_path_factory.mktemp("pretrained")
-    corpus = d / "corpus.txt"
-    corpus.write_text("".join(" ".join(words) + "\n" for words, _ in tagged(200, 0)))
-    train_tokenizer.main(["--type", "bpe", "--train_file", str(corpus), "--vocab_size", "300",
-                          "--model_max_length", "64", "--output_dir", str(d)])
-    create_config.main(["--preset", "roberta-tiny", "--output_dir", str(d)])
-    config = models.load_config(str(d))
-    models.save_pretrained(str(d), config, models.split_model(models.create_model(config, seed=0))[1])
-    return str(d)
+    """A tiny RoBERTa as run_mlm_flax.py exports it, its tokenizer trained on the toy sentences."""
+    return tiny_pretrained_roberta(tmp_path_factory.mktemp("pretrained"),
+                                   [" ".join(words) for words, _ in tagged(200, 0)])
 
 
 def test_conllu_both_layouts_and_tag_columns(tmp_path):
@@ -111,11 +102,10 @@ def test_bad_conllu_exits_2_and_overwrites_nothing(pretrained, tmp_path, capsys,
     argv = ["--output_dir", str(out), "--overwrite_output_dir", "--model_name_or_path", pretrained,
             "--train_file", str(tmp_path / "train.conllu"), "--tag_column",
             "misc:ner" if case == "no_column" else "misc:name"]
-    from flaxlm.errors import run_main
     with pytest.raises(SystemExit) as e:
         run_main(lambda: run_token_classification.main(argv))
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and __import__("re").match(message, err[0]), err
+    assert e.value.code == 2 and len(err) == 1 and re.match(message, err[0]), err
     assert (out / "predictions_validation.conll").read_text() == "an earlier run\n" and len(os.listdir(out)) == 1
     expect_user_error(run_token_classification.main, argv, message.removeprefix("error: "))
 

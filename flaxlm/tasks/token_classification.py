@@ -144,7 +144,8 @@ def token_objective(graphdef, config, scheme, names, width, pad_id):
     # the MLM count with every position predicted, less the vocabulary projection, plus the classifier
     d, v, c = config.hidden_size, config.vocab_size, config.num_labels
     e = getattr(config, "embedding_size", None) or d
-    flops = encoder_mlm_train_flops(config, 1, width, width) - 3 * width * (2 * d * e + 2 * e * v) + 3 * width * 2 * d * c
+    flops = (encoder_mlm_train_flops(config, 1, width, width) - 3 * width * (2 * d * e + 2 * e * v)
+             + 3 * width * 2 * d * c)
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="weights",
                      flops_per_example=flops, tokens_per_example=width, predict=predict, metrics=metrics)
 
