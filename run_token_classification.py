@@ -66,8 +66,9 @@ def main(argv=None):
     width = rows["train"]["input_ids"].shape[1]
     for split, r in rows.items():
         cut = unscored_words(sentences[split], r)
-        print(f"{split}: {len(r['input_ids'])} sentences in rows of {width} tokens ({sentences[split].where})"
-              + (f"; {cut} words past --max_seq_length {seq_len} are not scored" if cut else ""), flush=True)
+        note = f"; {cut} words past --max_seq_length {seq_len} are cut off (not scored)" if cut else ""
+        print(f"{split}: {len(r['input_ids'])} sentences in rows of {width} tokens ({sentences[split].where}){note}",
+              flush=True)
     print(f"{len(names)} tags, scored by {scheme}: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
 
     # Devices, batch sizes and the rows of each step.
