@@ -24,6 +24,23 @@ def run_args(model_dir, corpus, out, *flags, model_flag="--config_name"):
             "--logging_steps", "1", *flags]
 
 
+def tiny_pretrained_roberta(d, lines):
+    """Directory d holding a tiny RoBERTa in the form run_mlm_flax.py exports (config.json + model.safetensors of
+    RobertaForMaskedLM, random weights, + our BPE tokenizer trained on `lines`), made with our own tokenizer and
+    create_config scripts; returns its path."""
+    import create_config
+    import train_tokenizer
+    from flaxlm import models
+    corpus = d / "corpus.txt"
+    corpus.write_text("".join(line + "\n" for line in lines))
+    train_tokenizer.main(["--type", "bpe", "--train_file", str(corpus), "--vocab_size", "300",
+                          "--model_max_length", "64", "--output_dir", str(d)])
+    create_config.main(["--preset", "roberta-tiny", "--output_dir", str(d)])
+    config = models.load_config(str(d))
+    models.save_pretrained(str(d), config, models.split_model(models.create_model(config, seed=0))[1])
+    return str(d)
+
+
 def expect_user_error(main, argv, match):
     """main(argv) stops with a UserError matching `match`: the one line the script prints before exiting 2."""
     with pytest.raises(UserError, match=match):

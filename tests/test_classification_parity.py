@@ -11,6 +11,7 @@ import transformers
 
 from flaxlm import models
 from flaxlm.errors import UserError
+from flaxlm.models.registry import FAMILIES
 from generation_check import add_noise
 from parity import batch, randomize
 from test_parity import CASE
@@ -149,3 +150,45 @@ def test_load_for_task_errors(tmp_path):
         models.load_for_task(tmp_path / "gpt2", "question_answering")
     with pytest.raises(UserError, match="unknown task 'ner'"):
         models.create_model(config, task="ner")
+
+
+def token_classification_case(model_type):
+    """The first parity case of model_type: its tiny config and the padded batch of the parity checks."""
+    return next(c for name, c in CASE.items() if c.config().model_type == model_type)
+
+
+TOKEN_TYPES = [t for t, f in FAMILIES.items() if "sequence_classification" in f.heads]
+
+
+def test_every_encoder_family_has_a_token_classification_head():
+    assert len(TOKEN_TYPES) >= 7 and all("token_classification" in FAMILIES[t].heads for t in TOKEN_TYPES)
+
+
+@pytest.mark.parametrize("model_type", TOKEN_TYPES)
+def test_token_classification_both_ways(tmp_path, model_type):
+    """*ForTokenClassification: transformers' checkpoint in ours and our export in transformers (strict, same
+    class and parameter count), logits [B, L, num_labels] equal within 1e-4 at the real tokens of a padded batch."""
+    case = token_classification_case(model_type)
+    config = models.task_config(case.config(), "token_classification", id2label={0: "O", 1: "B-PER", 2: "I-PER"})
+    torch.manual_seed(0)
+    hf = add_noise(transformers.AutoModelForTokenClassification.from_config(config), 0.1)
+    hf.save_pretrained(tmp_path / "hf")
+    ids, mask, types = batch(case, 0, config).args
+    ref = hf_outputs(hf, ids, mask, types)
+    _, model = models.load_for_task(tmp_path / "hf", "token_classification")
+    ours = model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
+    real = mask.astype(bool)
+    assert ours.dtype == jnp.float32 and ours.shape == ref.shape == (*ids.shape, 3) and np.abs(ref).max() > 0.5
+    np.testing.assert_allclose(np.asarray(ours)[real], ref[real], atol=1e-4, rtol=0)
+
+    graphdef, params = models.split_model(model)
+    params = randomize(params, seed=1, std=0.1)
+    models.save_pretrained(tmp_path / "ours", config, params)
+    back, info = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "ours",
+                                                                              output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert type(back).__name__ == models.family_of(config).heads["token_classification"].architecture
+    assert type(back) is type(hf) and back.config.id2label[1] == "B-PER"
+    assert models.count_params(params) == sum(p.numel() for p in back.parameters())
+    ours = models.apply_model(graphdef, params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
+    np.testing.assert_allclose(np.asarray(ours)[real], hf_outputs(back, ids, mask, types)[real], atol=1e-4, rtol=0)

@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import create_config
 import run_classification
 import train_tokenizer
-from run_helpers import read_metrics
+from run_helpers import read_metrics, tiny_pretrained_roberta
 from flaxlm.config.options import SentencePredictionArgs, TextSourceArgs
 from flaxlm.errors import UserError, run_main
 from flaxlm.data.sentence_data import Examples, label_ids, label_names, load_examples, token_rows
@@ -41,18 +40,9 @@ def write_tsv(path, rows, header=("sentence", "label")):
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    """A tiny RoBERTa in the form run_mlm_flax.py exports (config.json + model.safetensors of RobertaForMaskedLM
-    + tokenizer), from our own tokenizer and create_config scripts."""
-    from flaxlm import models
-    d = tmp_path_factory.mktemp("pretrained")
-    corpus = d / "corpus.txt"
-    corpus.write_text("".join(s + "\n" for s, _ in sentences(200, 0)) + "a movie , the plot , the actors .\n")
-    train_tokenizer.main(["--type", "bpe", "--train_file", str(corpus), "--vocab_size", "300",
-                          "--model_max_length", "64", "--output_dir", str(d)])
-    create_config.main(["--preset", "roberta-tiny", "--output_dir", str(d)])
-    config = models.load_config(str(d))
-    models.save_pretrained(str(d), config, models.split_model(models.create_model(config, seed=0))[1])
-    return str(d)
+    """A tiny RoBERTa as run_mlm_flax.py exports it, its tokenizer trained on the toy sentences."""
+    return tiny_pretrained_roberta(tmp_path_factory.mktemp("pretrained"),
+                                   [s for s, _ in sentences(200, 0)] + ["a movie , the plot , the actors ."])
 
 
 def test_end_to_end_fine_tune_export_and_predictions(pretrained, tmp_path, capsys):

@@ -360,6 +360,23 @@ class SentencePredictionArgs:
 
 
 @dataclass
+class TokenClassificationArgs:
+    tag_column: str = option("upos", key="task.token_classification.tag_column",
+                             help="CoNLL-U files: the column of the tags: upos, xpos, or misc:KEY for KEY=tag in "
+                                  "MISC (NorNE's entities: misc:name)")
+    tokens_column: str = option("tokens", key="task.token_classification.tokens_column",
+                                help="JSON lines: the key of each sentence's list of words")
+    tags_column: str = option("tags", key="task.token_classification.tags_column",
+                              help="JSON lines: the key of each sentence's list of tags (one per word)")
+    label_all_tokens: bool = option(False, key="task.token_classification.label_all_tokens",
+                                    help="train on every sub-token of a word (B-X becomes I-X after the first), "
+                                         "not only its first; predictions are read at the first either way")
+    metric: str | None = option(choices=("seqeval", "accuracy"), key="task.token_classification.metric",
+                                help="seqeval: entity-level precision/recall/F1 of BIO tags besides accuracy; "
+                                     "accuracy: per-word accuracy only (default: seqeval when the tags are BIO)")
+
+
+@dataclass
 class QuestionAnsweringArgs:
     version_2_with_negative: bool = option(False, key="task.squad.version_2_with_negative",
                                            help="SQuAD v2.0: some questions have no answer in the context")

@@ -4,8 +4,8 @@
 How the layers run (a loop or jax.lax.scan, rematerialization, the attention kernel): create_model(config,
 execution=Execution(scan=True, remat="full")) (flaxlm.models.layer_stack); the params are the same either way.
 
-Fine-tuning heads (BERT/RoBERTa): create_model(config, task="sequence_classification" or "question_answering"),
-or load_for_task(path, task) for the encoder of a pretrained checkpoint with that head (flaxlm.models.pretrained).
+Fine-tuning heads (the encoder families): create_model(config, task="sequence_classification",
+"question_answering" or "token_classification"), or load_for_task(path, task) for the encoder of a pretrained checkpoint with that head (flaxlm.models.pretrained).
 
 Each model family is one file (bert.py, t5.py, gpt2.py, llama.py, mistral.py, gemma2.py, bloom.py, ...) ending in its
 Family entry

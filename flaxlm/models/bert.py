@@ -13,6 +13,7 @@ The fine-tuning heads compute what Hugging Face's models compute; each returns f
       Our `pooler` is RoBERTa's classifier.dense and `classifier` its classifier.out_proj (head_tensor_names).
       The encoder's last layer computes only the first token (the only row the head reads).
     BertForQuestionAnswering: start and end logits [B, L] from one dense layer over every token (qa_outputs).
+    BertForTokenClassification: logits [B, L, num_labels] of every token: dropout -> classifier.
 
 Below the models: their Hugging Face tensor names and how older or bare checkpoints are read, the presets, and
 the two Family entries.
@@ -279,6 +280,22 @@ class BertForQuestionAnswering(BertEncoder):
         return logits_BL2[..., 0], logits_BL2[..., 1]
 
 
+class BertForTokenClassification(BertEncoder):
+    """The encoder with a token-classification head: every token's hidden state -> dropout (classifier_dropout,
+    else hidden_dropout_prob; a subclass may set another rate) -> classifier."""
+
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
+        self.classifier = dense(config.hidden_size, config.num_labels, jnp.float32, config.initializer_range, rngs)
+        self.dropout_rate = classifier_dropout(config)
+
+    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None):
+        """float32 logits [B, L, num_labels]."""
+        x_BLD = self.encode(input_ids_BL, attention_mask_BL, token_type_ids_BL, fold_key(dropout_key, 0))
+        x_BLD = dropout(x_BLD, self.dropout_rate, fold_key(dropout_key, 1))
+        return self.classifier(x_BLD.astype(jnp.float32))
+
+
 def _prefix(config):
     return "roberta." if roberta_like(config) else "bert."
 
@@ -319,11 +336,13 @@ def tensor_names(config):
 
 
 def head_tensor_names(config, task):
-    """Tensor names of Bert/RobertaForSequenceClassification or *ForQuestionAnswering -> our paths: RoBERTa's
-    classifier.dense / classifier.out_proj are our pooler / classifier."""
+    """Tensor names of Bert/RobertaForSequenceClassification, *ForQuestionAnswering or *ForTokenClassification
+    -> our paths: RoBERTa's classifier.dense / classifier.out_proj are our pooler / classifier."""
     names = encoder_tensor_names(config)
     if task == "question_answering":
         add_linear(names, "qa_outputs", ("qa_outputs",))
+    elif task == "token_classification":
+        add_linear(names, "classifier", ("classifier",))
     elif roberta_like(config):
         add_linear(names, "classifier.dense", ("pooler",))
         add_linear(names, "classifier.out_proj", ("classifier",))
@@ -410,7 +429,9 @@ def encoder_family(model_type, name, prefix, max_length, presets=PRESETS):
     """The Family of a BERT-architecture model type: its *ForMaskedLM (`prefix` + ForMaskedLM) and fine-tuning heads."""
     heads = {"sequence_classification": Head(BertForSequenceClassification, f"{prefix}ForSequenceClassification",
                                              ("pooler", "classifier")),
-             "question_answering": Head(BertForQuestionAnswering, f"{prefix}ForQuestionAnswering", ("qa_outputs",))}
+             "question_answering": Head(BertForQuestionAnswering, f"{prefix}ForQuestionAnswering", ("qa_outputs",)),
+             "token_classification": Head(BertForTokenClassification, f"{prefix}ForTokenClassification",
+                                          ("classifier",))}
     return Family(model_type=model_type, name=name, model=BertForMaskedLM, tensor_names=tensor_names,
                   normalize=normalize, architecture=f"{prefix}ForMaskedLM", presets=presets,
                   script="run_mlm_flax.py", max_length=max_length,

@@ -20,9 +20,24 @@ def name_map_of(config, task=None):
 
 
 def task_of(config, params):
-    """The fine-tuning task whose head `params` hold (a Head of config's family), or None."""
-    heads = family_of(config).heads
-    return next((task for task, head in heads.items() if all(g in params for g in head.groups)), None)
+    """The fine-tuning task whose head `params` hold (a Head of config's family), or None. Heads of the same
+    parameters (ModernBERT's, ELECTRA's token and sequence classifiers' groups) are told apart by their tensor
+    paths, then by config.architectures (task_config names the task's class there)."""
+    family = family_of(config)
+    fits = [task for task, head in family.heads.items() if all(g in params for g in head.groups)
+            and all(_has_path(params, path) for _, path, _ in family.head_tensor_names(config, task)
+                    if path[0] in head.groups)]
+    named = [task for task in fits if family.heads[task].architecture in (getattr(config, "architectures", None)
+                                                                          or ())]
+    return (named or fits or [None])[0]
+
+
+def _has_path(tree, path):
+    for k in path:
+        if not isinstance(tree, dict) or k not in tree:
+            return False
+        tree = tree[k]
+    return True
 
 
 def get_path(tree, path):

@@ -287,6 +287,14 @@ class DebertaV2ForQuestionAnswering(bert.BertForQuestionAnswering, DebertaV2Enco
     """The encoder with a question-answering head: start and end logits of every token (qa_outputs)."""
 
 
+class DebertaV2ForTokenClassification(bert.BertForTokenClassification, DebertaV2Encoder):
+    """The encoder with BERT's token-classification head; its dropout is hidden_dropout_prob, as transformers has it."""
+
+    def __init__(self, config, *, dtype="float32", rngs, execution=None):
+        super().__init__(config, dtype=dtype, rngs=rngs, execution=execution)
+        self.dropout_rate = config.hidden_dropout_prob
+
+
 class DebertaV2ForSequenceClassification(DebertaV2Encoder):
     """The encoder with transformers' ContextPooler and classifier: the first token -> dropout (pooler_dropout)
     -> pooler (dense) -> pooler_hidden_act -> dropout (cls_dropout, else hidden_dropout_prob) -> classifier."""
@@ -415,7 +423,8 @@ RTD_HEAD = "mask_predictions."  # the replaced-token-detection head's names (Mic
 
 def head_tensor_names(config, task):
     """Tensor names of DebertaV2ForSequenceClassification (pooler.dense, classifier),
-    DebertaV2ForQuestionAnswering (qa_outputs) or the discriminator (mask_predictions.*) -> our paths."""
+    DebertaV2ForQuestionAnswering (qa_outputs), DebertaV2ForTokenClassification (classifier) or the
+    discriminator (mask_predictions.*) -> our paths."""
     names = encoder_tensor_names(config)
     if task == REPLACED_TOKEN_DETECTION:
         add_norm(names, f"{RTD_HEAD}LayerNorm", ("rtd_head", "norm"))
@@ -423,6 +432,8 @@ def head_tensor_names(config, task):
         add_linear(names, f"{RTD_HEAD}classifier", ("rtd_head", "out"))
     elif task == "question_answering":
         add_linear(names, "qa_outputs", ("qa_outputs",))
+    elif task == "token_classification":
+        add_linear(names, "classifier", ("classifier",))
     else:
         add_linear(names, "pooler.dense", ("pooler",))
         add_linear(names, "classifier", ("classifier",))
@@ -515,6 +526,8 @@ DEBERTA_V2 = Family(
     heads={"sequence_classification": Head(DebertaV2ForSequenceClassification, "DebertaV2ForSequenceClassification",
                                            ("pooler", "classifier")),
            "question_answering": Head(DebertaV2ForQuestionAnswering, "DebertaV2ForQuestionAnswering", ("qa_outputs",)),
+           "token_classification": Head(DebertaV2ForTokenClassification, "DebertaV2ForTokenClassification",
+                                        ("classifier",)),
            # no transformers class: DebertaV2Model loads the encoder (microsoft/deberta-v3-* have the same tensors)
            REPLACED_TOKEN_DETECTION: Head(DebertaV2ForReplacedTokenDetection, "DebertaV2Model", ("rtd_head",))},
     head_tensor_names=head_tensor_names, normalize_for_head=normalize_for_head)

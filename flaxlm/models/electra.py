@@ -7,6 +7,7 @@ to hidden_size when the two differ, and the models on it, named as transformers 
                                      not); create_model(config, task=DISCRIMINATOR), load_for_task(path, DISCRIMINATOR)
     ElectraForSequenceClassification the first token: dropout -> dense -> GELU -> dropout -> num_labels logits
     ElectraForQuestionAnswering      start and end logits of every token (BERT's head)
+    ElectraForTokenClassification    every token: dropout -> num_labels logits (BERT's head)
 
 The discriminator is a Head of the family (task DISCRIMINATOR, "replaced_token_detection") like the fine-tuning
 heads: it is one more model on the same encoder with its own Hugging Face names, so building, loading (its head
@@ -18,8 +19,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models.bert import (BertEncoder, BertForQuestionAnswering, Embeddings, classifier_dropout,
-                                encoder_tensor_names)
+from flaxlm.models.bert import (BertEncoder, BertForQuestionAnswering, BertForTokenClassification, Embeddings,
+                                classifier_dropout, encoder_tensor_names)
 from flaxlm.models.family import (REPLACED_TOKEN_DETECTION, Family, Head, add_linear, add_norm, drop_prefixed,
                                   same_tensor, with_prefix)
 from flaxlm.models.layers import LayerNorm, LMHead, activation, dense, dropout, fold_key
@@ -144,6 +145,11 @@ class ElectraForQuestionAnswering(BertForQuestionAnswering):
     embeddings_class = ElectraEmbeddings
 
 
+class ElectraForTokenClassification(BertForTokenClassification):
+    """The encoder with BERT's token-classification head (dropout -> classifier at every token)."""
+    embeddings_class = ElectraEmbeddings
+
+
 def electra_encoder_tensor_names(config):
     """Tensor names of the encoder (under electra.) -> our parameter paths: BERT's, and the projection."""
     names = encoder_tensor_names(config, "electra.")
@@ -162,13 +168,16 @@ def tensor_names(config):
 
 
 def head_tensor_names(config, task):
-    """Tensor names of ElectraForPreTraining, ElectraForSequenceClassification, ElectraForQuestionAnswering."""
+    """Tensor names of ElectraForPreTraining, ElectraForSequenceClassification, ElectraForQuestionAnswering,
+    ElectraForTokenClassification."""
     names = electra_encoder_tensor_names(config)
     if task == DISCRIMINATOR:
         add_linear(names, "discriminator_predictions.dense", ("discriminator_head", "dense"))
         add_linear(names, "discriminator_predictions.dense_prediction", ("discriminator_head", "out"))
     elif task == "question_answering":
         add_linear(names, "qa_outputs", ("qa_outputs",))
+    elif task == "token_classification":
+        add_linear(names, "classifier", ("classifier",))
     else:
         add_linear(names, "classifier.dense", ("classifier", "dense"))
         add_linear(names, "classifier.out_proj", ("classifier", "out"))
@@ -243,5 +252,7 @@ ELECTRA = Family(
     heads={"sequence_classification": Head(ElectraForSequenceClassification, "ElectraForSequenceClassification",
                                            ("classifier",)),
            "question_answering": Head(ElectraForQuestionAnswering, "ElectraForQuestionAnswering", ("qa_outputs",)),
+           "token_classification": Head(ElectraForTokenClassification, "ElectraForTokenClassification",
+                                        ("classifier",)),
            DISCRIMINATOR: Head(ElectraForPreTraining, "ElectraForPreTraining", ("discriminator_head",))},
     head_tensor_names=head_tensor_names, normalize_for_head=normalize_for_head)

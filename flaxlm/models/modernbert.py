@@ -21,7 +21,8 @@ instead: the same logits at the real positions).
 The fine-tuning heads compute what transformers' models compute (float32; dropout_key=None is eval):
     ModernBertForSequenceClassification: the first token (classifier_pooling "cls") or the mean over real tokens
         ("mean") -> head (dense, act, norm) -> dropout -> classifier;
-    ModernBertForQuestionAnswering: head -> dropout -> classifier (2 outputs) at every token: start, end logits.
+    ModernBertForQuestionAnswering: head -> dropout -> classifier (2 outputs) at every token: start, end logits;
+    ModernBertForTokenClassification: head -> dropout -> classifier at every token: [B, L, num_labels].
 Their `head` is the masked-LM head's dense and norm under the same names, so fine-tuning from a masked-LM
 checkpoint starts from them, as in transformers; only the classifier starts fresh.
 
@@ -284,6 +285,14 @@ class ModernBertForQuestionAnswering(_TaskModel):
         return logits_BL2[..., 0], logits_BL2[..., 1]
 
 
+class ModernBertForTokenClassification(_TaskModel):
+    def __call__(self, input_ids_BL, attention_mask_BL=None, token_type_ids_BL=None, *, dropout_key=None):
+        """float32 logits [B, L, num_labels]; token types ignored."""
+        x_BLD = self.encode(input_ids_BL, attention_mask_BL, fold_key(dropout_key, 0))
+        B, L, D = x_BLD.shape
+        return self.classify(x_BLD.reshape(B * L, D), fold_key(dropout_key, 1)).reshape(B, L, -1)
+
+
 def encoder_tensor_names(config):
     """Tensor names of ModernBertModel under model. -> our parameter paths (biases only where the config has them)."""
     nb = config.norm_bias
@@ -319,7 +328,7 @@ def tensor_names(config):
 
 
 def head_tensor_names(config, task):
-    """Tensor names of ModernBertForSequenceClassification / ModernBertForQuestionAnswering -> our paths."""
+    """Tensor names of ModernBertFor{SequenceClassification,QuestionAnswering,TokenClassification} -> our paths."""
     names = encoder_tensor_names(config)
     _add_prediction_head(names, config, "head")
     add_linear(names, "classifier", ("classifier",))
@@ -376,5 +385,7 @@ MODERNBERT = Family(
     heads={"sequence_classification": Head(ModernBertForSequenceClassification,
                                            "ModernBertForSequenceClassification", ("head", "classifier")),
            "question_answering": Head(ModernBertForQuestionAnswering, "ModernBertForQuestionAnswering",
-                                      ("head", "classifier"))},
+                                      ("head", "classifier")),
+           "token_classification": Head(ModernBertForTokenClassification, "ModernBertForTokenClassification",
+                                        ("head", "classifier"))},
     head_tensor_names=head_tensor_names, normalize_for_head=normalize_for_head)

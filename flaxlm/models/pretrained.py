@@ -75,8 +75,10 @@ def load_pretrained(path, dtype="float32", *, seed=0, execution=None, shardings=
 
 def task_config(config, task, *, num_labels=None, id2label=None, problem_type=None):
     """A copy of `config` set up for the task: question answering has 2 outputs (start, end); a classifier has
-    num_labels outputs named by id2label ({id: name}; label2id follows), problem_type as transformers reads it."""
+    num_labels outputs named by id2label ({id: name}; label2id follows), problem_type as transformers reads it;
+    architectures names the task's class."""
     config = copy.deepcopy(config)
+    config.architectures = [name_map_of(config, task).architecture]  # the task's class (task_of reads it)
     if task == "question_answering":
         config.num_labels = 2
         return config
@@ -96,8 +98,8 @@ def task_config(config, task, *, num_labels=None, id2label=None, problem_type=No
 def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2label=None, problem_type=None,
                   execution=None, param_dtype="float32"):
     """(config, model) for fine-tuning: the encoder in directory `path` (a masked-LM export, a bare encoder or a
-    checkpoint that has this task's head already) with the task's head (a Head of its family: BERT/RoBERTa's
-    "sequence_classification" or "question_answering"). A head the checkpoint lacks starts fresh from `seed`
+    checkpoint that has this task's head already) with the task's head (a Head of its family: an encoder's
+    "sequence_classification", "question_answering" or "token_classification"). A head the checkpoint lacks starts fresh from `seed`
     (one warning), pretraining heads are dropped (a note); a directory holding only config.json gives a
     freshly initialized model. The config gets num_labels / id2label / label2id / problem_type (task_config).
     execution: how the layers run (flaxlm.models.layer_stack.Execution; None: a plain loop)."""

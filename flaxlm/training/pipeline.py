@@ -37,6 +37,8 @@ NO_MODEL_HINTS = {
     "sequence_classification": "--model_name_or_path DIR (a pretrained BERT/RoBERTa, e.g. the export of "
                                "run_mlm_flax.py), or --config_name DIR to train one from scratch",
     "question_answering": "--model_name_or_path DIR (e.g. a run_mlm_flax.py output directory)",
+    "token_classification": "--model_name_or_path DIR (a pretrained encoder, e.g. the export of run_mlm_flax.py), "
+                            "or --config_name DIR to train one from scratch",
 }
 
 
