@@ -29,6 +29,7 @@ from datasets.fingerprint import Hasher
 
 from flaxlm.data.fingerprint import fingerprint
 from flaxlm.data.packing import fill_rows, greedy_pack, one_per_row
+from flaxlm.data.prepared import PreparedRows
 from flaxlm.data.text import iter_texts
 from flaxlm.errors import UserError
 
@@ -300,9 +301,11 @@ def iter_rows(rows, skip: int = 0):
 
 def take_rows(rows, idx):
     """rows[idx] for a numpy array, a dict of equal-length numpy arrays (one entry per example field, as
-    fine-tuning uses) or a `datasets.Dataset` with an input_ids column."""
+    fine-tuning uses), a `datasets.Dataset` with an input_ids column or PreparedRows (--prepared_data)."""
     if isinstance(rows, np.ndarray):
         return rows[idx]
+    if isinstance(rows, PreparedRows):
+        return rows.take(idx)
     if isinstance(rows, dict):
         return {k: v[idx] for k, v in rows.items()}
     if "segment_ids" in rows.column_names:  # packed lines (flaxlm.data.packing): both columns
@@ -374,10 +377,12 @@ def _filled(example, n, value):
 def run_rows(data, args, global_batch):
     """(train rows by step, validation rows or None, test rows or None, total steps) of a run from from_text's
     output: the training rows shuffled (held in memory up to MATERIALIZE_BYTES) or streamed, the held-out ones
-    as numpy (held_out_rows)."""
+    as numpy (held_out_rows); prepared rows (--prepared_data) stay on disk, read a batch at a time."""
     train = data["train"]
     if isinstance(train, StreamedRows):
         train_rows = train.batched(global_batch)
+    elif isinstance(train, PreparedRows):
+        train_rows = ShuffledRows(train, global_batch, args.seed)
     else:
         if len(train) * len(train[0]["input_ids"]) * 4 <= MATERIALIZE_BYTES:
             train = as_numpy_rows(train)
@@ -387,9 +392,10 @@ def run_rows(data, args, global_batch):
 
 
 def held_out_rows(rows):
-    """A validation or test split's rows as numpy (a stream's first STREAM_EVAL_ROWS), or None for no split."""
-    if rows is None:
-        return None
+    """A validation or test split's rows as numpy (a stream's first STREAM_EVAL_ROWS; prepared rows as they are,
+    read a batch at a time), or None for no split."""
+    if rows is None or isinstance(rows, PreparedRows):
+        return rows
     if isinstance(rows, StreamedRows):
         return np.stack(list(itertools.islice(rows, STREAM_EVAL_ROWS)))
     return as_numpy_rows(rows)
