@@ -25,7 +25,7 @@ import datasets
 import numpy as np
 
 from flaxlm.data import prepared
-from flaxlm.data.rows import GROUP_BATCH, _rows_of_batch, spawned_workers
+from flaxlm.data.rows import GROUP_BATCH, rows_of_batch, spawned_workers
 from flaxlm.data.text import file_list, iter_texts
 from flaxlm.errors import UserError
 
@@ -151,7 +151,7 @@ def run_job(job, ds, make_rows, report):
         if shard.text_bytes >= job["shard_bytes"]:  # full, and more text follows
             shard.finish(last=False)
             shard = _ShardWriter(job, shard.part + 1, shard.end_text)
-        shard.add(_rows_of_batch({"text": texts}, make_rows, job["length"]), texts)
+        shard.add(rows_of_batch({"text": texts}, make_rows, job["length"]), texts)
         report((shard.batch_bytes, shard.batch_tokens))
     shard.finish(last=True)
 

@@ -135,7 +135,7 @@ def from_text(raw: dict, make_rows, length: int, *, num_workers=None, overwrite_
     format: ds[idx]["input_ids"] is int32 [len(idx), length]. An IterableDataset gives StreamedRows.
     max_train_samples / max_eval_samples keep the first rows of the train / validation and test splits."""
     limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
-    job = functools.partial(_rows_of_batch, make_rows=make_rows, length=length)
+    job = functools.partial(rows_of_batch, make_rows=make_rows, length=length)
     out, key = {}, None
     for split, ds in raw.items():
         if isinstance(ds, datasets.IterableDataset):
@@ -165,7 +165,7 @@ def _cached_rows(ds, job, cache_key, num_workers, overwrite_cache):
     return rows.with_format("numpy", dtype=np.int32)
 
 
-def _rows_of_batch(batch, make_rows, length):
+def rows_of_batch(batch, make_rows, length):
     """The columns datasets.map writes for one batch of texts: {"input_ids"} or the row function's dict."""
     made = make_rows(batch["text"])
     return {name: _checked(x, length) for name, x in (made.items() if isinstance(made, dict)
@@ -240,7 +240,7 @@ class StreamedRows:
         for texts in iter_texts(self.ds, GROUP_BATCH):
             if self.max_rows is not None and seen >= self.max_rows:
                 return
-            made = _rows_of_batch({"text": texts}, self.make_rows, self.length)
+            made = rows_of_batch({"text": texts}, self.make_rows, self.length)
             if len(made) > 1:
                 raise UserError("rows of several columns (packed lines) need a cached dataset; drop --streaming")
             rows = made["input_ids"]
