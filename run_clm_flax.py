@@ -58,7 +58,8 @@ def main(argv=None):
     # Text -> documents, each followed by EOS, packed into blocks of block_size -> the blocks of each step.
     if prep.prepared_data:  # rows prepare_data.py made once, checked against this tokenizer and block_size
         data = prepared.load_rows(prep.prepared_data, tokenizer, "documents", block_size, source=source,
-                                  data_args=data_args, include_test=args.do_predict)
+                                  data_args=data_args, weights=prep.prepared_data_weights,
+                                  include_test=args.do_predict)
     else:
         raw = load_raw_text(source, data_args.validation_split_percentage, args.seed,
                             keep_linebreaks=clm_args.keep_linebreaks, include_test=args.do_predict)
@@ -67,7 +68,8 @@ def main(argv=None):
         make_rows = rows.documents(tokenizer, block_size, eos=tokenizer.eos_token_id)
         data = rows.from_text(raw, make_rows, block_size, num_workers=data_args.preprocessing_num_workers,
                               overwrite_cache=data_args.overwrite_cache,
-                              max_train_samples=data_args.max_train_samples, max_eval_samples=data_args.max_eval_samples)
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 

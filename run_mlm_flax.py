@@ -60,7 +60,8 @@ def main(argv=None):
     # Text -> token rows of seq_len (blocks; --line_by_line: lines, packed into rows) -> the rows of each step.
     if prep.prepared_data:  # rows prepare_data.py made once, checked against this tokenizer and seq_len
         data = prepared.load_rows(prep.prepared_data, tokenizer, "lines" if mlm_args.line_by_line else "blocks",
-                                  seq_len, source=source, data_args=data_args, include_test=args.do_predict)
+                                  seq_len, source=source, data_args=data_args, weights=prep.prepared_data_weights,
+                                  include_test=args.do_predict)
     else:
         raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
         # Your own function may go here (a batch of texts in, int32 [n, seq_len] rows out); editing it re-tokenizes.
@@ -68,7 +69,8 @@ def main(argv=None):
                      if mlm_args.line_by_line else rows.blocks(tokenizer, seq_len))
         data = rows.from_text(raw, make_rows, seq_len, num_workers=data_args.preprocessing_num_workers,
                               overwrite_cache=data_args.overwrite_cache,
-                              max_train_samples=data_args.max_train_samples, max_eval_samples=data_args.max_eval_samples)
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 

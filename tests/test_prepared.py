@@ -57,7 +57,7 @@ def load(model_dir, out, function="blocks", length=32, **kw):
 
 
 def all_rows(split_rows):
-    return split_rows.take(np.arange(len(split_rows)))
+    return split_rows.rows_at(np.arange(len(split_rows)))
 
 
 @pytest.mark.parametrize("objective,function,flags", [
@@ -182,3 +182,21 @@ def test_training_from_prepared_rows_equals_training_from_text_and_resumes(model
         read_metrics(tmp_path / "text", "eval")[-1]["loss"], rel=1e-6)
     expect_user_error(run_mlm_flax.main, prepared_args(tmp_path / "both", "--train_file", corpus["train"]),
                       "either --prepared_data or text")
+
+
+def test_a_mixture_of_prepared_directories_trains_and_logs_each_source(model_dir, corpus, text, tmp_path):
+    """Two directories mixed 3:1; metrics.jsonl's "data" rows count each source's rows; bad weights are refused."""
+    prepare(model_dir, {**corpus, "cache": text["cache"]}, tmp_path / "demo", "--max_seq_length", "32")
+    prepare(model_dir, text, tmp_path / "made_up", "--max_seq_length", "32")
+    dirs = [str(tmp_path / "demo"), str(tmp_path / "made_up")]
+    args = ["--output_dir", str(tmp_path / "run"), "--config_name", model_dir, "--tokenizer_name", model_dir,
+            "--per_device_train_batch_size", "1", "--max_seq_length", "32", "--max_steps", "2", "--logging_steps", "1",
+            "--eval_steps", "2", "--max_eval_samples", "16", "--prepared_data", *dirs]
+    expect_user_error(run_mlm_flax.main, [*args, "--prepared_data_weights", "1", "-1"], "weight -1.0")
+    expect_user_error(run_mlm_flax.main, [*args, "--prepared_data_weights", "1"], "1 weights for 2 sources")
+    run_mlm_flax.main([*args, "--prepared_data_weights", "3", "1"])
+    data = read_metrics(tmp_path / "run", "data")
+    assert [r["step"] for r in data] == [1, 2]
+    assert data[-1]["demo_rows"] + data[-1]["made_up_rows"] == 2 * 8  # two global batches of 8 rows
+    assert data[-1]["demo_tokens"] == 32 * data[-1]["demo_rows"] and data[-1]["made_up_epochs"] > 0
+    assert [r["step"] for r in read_metrics(tmp_path / "run", "eval")] == [2]

@@ -1,7 +1,7 @@
 """Prepared rows: token rows made once by prepare_data.py, read by any later run with --prepared_data DIR.
 
-    data = prepared.load_rows(DIR, tokenizer, "blocks", 512)   # {"train": PreparedRows, "validation": ...}
-    rows_NL = data["train"].take(idx)                           # int32 [len(idx), 512], read from disk
+    data = prepared.load_rows([DIR], tokenizer, "blocks", 512, source=src, data_args=data_args)
+    rows_NL = data["train"].rows_at(idx)     # int32 [len(idx), 512], read from disk; data["validation"] alike
 
 DIR holds:
   manifest.json                   what made the rows (tokenizer, row function and length, options, source files
@@ -12,10 +12,11 @@ DIR holds:
                                   the text it covers
 
 The columns are input_ids, and for packed lines (--line_by_line) segment_ids too. Rows are memory-mapped
-(np.memmap) and only the rows of a batch are read, converted to int32 on the way (take). Opening checks that
+(np.memmap) and only the rows of a batch are read, converted to int32 on the way (rows_at). Opening checks that
 the rows were made with this run's tokenizer, row function and length, and that every shard has its size and
 checksum: a mismatch or a damaged shard is a UserError naming it, before any training.
 """
+import functools
 import json
 import os
 import zlib
@@ -23,6 +24,7 @@ import zlib
 import numpy as np
 
 from flaxlm.data.fingerprint import fingerprint
+from flaxlm.data.mixture import Mixture
 from flaxlm.errors import UserError
 
 FORMAT = "flaxlm prepared rows"
@@ -68,23 +70,23 @@ def shard_problem(directory, shard, length, dtype, columns, verify=True):
 
 
 class PreparedRows:
-    """One split's rows in a prepared directory: len() rows of `length` tokens (the first `limit` only, for
-    --max_train_samples / --max_eval_samples); take(idx) reads them as int32 [len(idx), length] (or {column: that}
-    for packed lines), any order, from the shards' memory maps."""
+    """One split's rows in prepared directories: len() rows of `length` tokens (the first `limit` only, for
+    --max_train_samples / --max_eval_samples); rows_at(idx) reads them as int32 [len(idx), length] (or {column: that}
+    for packed lines), any order, from the shards' memory maps. shards: (directory, record) pairs, in order."""
 
-    def __init__(self, directory, shards, length, dtype, columns, limit=None):
-        self.directory, self.shards, self.length, self.columns = directory, shards, length, columns
-        counts = np.array([s["rows"] for s in shards], np.int64)
+    def __init__(self, shards, length, dtype, columns, limit=None):
+        self.shards, self.length, self.columns = shards, length, columns
+        counts = np.array([s["rows"] for _, s in shards], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)])
         self.num_rows = int(self.starts[-1]) if limit is None else min(limit, int(self.starts[-1]))
-        self.maps = [{c: np.memmap(os.path.join(directory, f"{s['name']}.{c}"), dtype=dtype, mode="r",
+        self.maps = [{c: np.memmap(os.path.join(d, f"{s['name']}.{c}"), dtype=dtype, mode="r",
                                    shape=(s["rows"], length)) for c in columns} if s["rows"] else None
-                     for s in shards]
+                     for d, s in shards]
 
     def __len__(self):
         return self.num_rows
 
-    def take(self, idx):
+    def rows_at(self, idx):
         """Rows idx (ints in [0, len)) as int32."""
         idx = np.asarray(idx, np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_rows):
@@ -136,33 +138,66 @@ def check_made_for(manifest, directory, tokenizer, function, length):
                         f"as this run has it)")
 
 
-def load_rows(directory, tokenizer, function, length, *, source, data_args, include_test=False, verify=True):
-    """{split: PreparedRows} of a prepared directory after check_made_for and every shard's check (sizes, and
-    with verify the checksums: about a second per GB); --max_train_samples / --max_eval_samples (data_args) keep
-    the first rows of a split. source: the run's text options, which must name no text besides."""
+def load_rows(directories, tokenizer, function, length, *, source, data_args, weights=None, include_test=False,
+              verify=True):
+    """{split: rows} of prepared directories after check_made_for and every shard's check (sizes, and with verify
+    the checksums: about a second per GB). One directory: PreparedRows of each split; several: their training
+    rows mixed by `weights` (default: in proportion to their rows; flaxlm.data.mixture), their validation and test
+    rows all evaluated. --max_train_samples / --max_eval_samples (data_args) keep the first rows of a split.
+    source: the run's text options, which must name no text besides."""
     if source.train_file or source.dataset_name or source.validation_file or source.test_file:
         raise UserError("pass either --prepared_data or text (--train_file, --validation_file, --test_file, "
                         "--dataset_name), not both: the prepared directory holds every split")
-    max_train_samples, max_eval_samples = data_args.max_train_samples, data_args.max_eval_samples
-    manifest = read_manifest(directory)
-    check_made_for(manifest, directory, tokenizer, function, length)
-    dtype, columns = np.dtype(manifest["rows"]["dtype"]), manifest["rows"]["columns"]
-    limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
-    out = {}
-    for split, shards in manifest["splits"].items():
-        for shard in shards:
-            problem = shard_problem(directory, shard, length, dtype, columns, verify)
-            if problem:
-                raise UserError(f"the prepared shard {problem}; prepare the data again (prepare_data.py with the "
-                                f"same options remakes what is damaged)")
-        out[split] = PreparedRows(directory, shards, length, dtype, columns, limits.get(split))
-        if len(out[split]) == 0:
-            raise UserError(f"--prepared_data {directory} has no {split} rows of {length} tokens; prepare more text")
-    if "train" not in out:
-        raise UserError(f"--prepared_data {directory} has no train split; prepare it with --train_file")
+    directories = [directories] if isinstance(directories, str) else list(directories)
+    if weights and len(directories) == 1:
+        raise UserError("--prepared_data_weights weighs several --prepared_data directories; pass them, or drop it")
+    splits = _checked_splits(directories, tokenizer, function, length, verify)
+    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+              "test": data_args.max_eval_samples}
+    make = functools.partial(PreparedRows, length=length, dtype=splits.pop("dtype"), columns=splits.pop("columns"))
+    out = {split: make(shards, limit=limits.get(split)) for split, shards in splits.items() if split != "train"}
+    trains = [make([(d, s) for s in per_dir], limit=limits["train"]) for d, per_dir in splits["train"]]
+    for (d, _), rows in zip(splits["train"], trains):
+        if len(rows) == 0:
+            raise UserError(f"--prepared_data {d} has no train rows of {length} tokens; prepare more text")
+    out["train"] = trains[0] if len(trains) == 1 else Mixture(
+        trains, weights or [len(t) for t in trains], [_name(d) for d in directories], "--prepared_data_weights",
+        "--prepared_data")
     if include_test and "test" not in out:
-        raise UserError(f"--do_predict evaluates test rows but --prepared_data {directory} has none; prepare it "
-                        f"with --test_file")
+        raise UserError(f"--do_predict evaluates test rows but --prepared_data {' '.join(directories)} has none; "
+                        f"prepare it with --test_file")
     if not include_test:
         out.pop("test", None)
     return out
+
+
+def _checked_splits(directories, tokenizer, function, length, verify):
+    """{"train": [(dir, [records])], "validation"/"test": [(dir, record), ...] of all directories, "dtype",
+    "columns"} once every directory and shard has passed its checks."""
+    out = {"train": []}
+    for d in directories:
+        manifest = read_manifest(d)
+        check_made_for(manifest, d, tokenizer, function, length)
+        kind = (np.dtype(manifest["rows"]["dtype"]), manifest["rows"]["columns"])
+        if out.setdefault("dtype", kind[0]) != kind[0] or out.setdefault("columns", kind[1]) != kind[1]:
+            raise UserError(f"--prepared_data {d} holds rows of another kind ({kind[1]}) than {directories[0]}; "
+                            f"prepare them alike")
+        if "train" not in manifest["splits"]:
+            raise UserError(f"--prepared_data {d} has no train split; prepare it with --train_file")
+        for split, shards in manifest["splits"].items():
+            for shard in shards:
+                problem = shard_problem(d, shard, length, kind[0], kind[1], verify)
+                if problem:
+                    raise UserError(f"the prepared shard {problem}; prepare the data again (prepare_data.py with "
+                                    f"the same options remakes what is damaged)")
+            if split == "train":
+                out["train"].append((d, shards))
+            else:
+                out.setdefault(split, []).extend((d, s) for s in shards)
+    return out
+
+
+def _name(directory):
+    """A source's name in metrics.jsonl: the directory's name, letters, digits and _ only."""
+    base = os.path.basename(os.path.normpath(directory))
+    return "".join(c if c.isalnum() else "_" for c in base) or "prepared"

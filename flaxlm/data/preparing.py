@@ -105,7 +105,8 @@ def prepare(out_dir, raw, plan, make_rows, length, about, *, num_workers=None, s
     dtype = prepared.row_dtype(about["tokenizer"]["vocab_size"])
     columns = about["rows"]["columns"]
     jobs = [dict(out_dir=out_dir, split=split, job=j, start=start, end=end, length=length, dtype=dtype.str,
-                 columns=columns, shard_bytes=shard_bytes) for split, ranges in plan.items() for j, (start, end) in enumerate(ranges)]
+                 columns=columns, shard_bytes=shard_bytes)
+            for split, ranges in plan.items() for j, (start, end) in enumerate(ranges)]
     progress = Throughput(_total_bytes(about["sources"]))
     if (num_workers or 1) < 2 or len(jobs) == 1:
         for job in jobs:

@@ -29,7 +29,6 @@ from datasets.fingerprint import Hasher
 
 from flaxlm.data.fingerprint import fingerprint
 from flaxlm.data.packing import fill_rows, greedy_pack, one_per_row
-from flaxlm.data.prepared import PreparedRows
 from flaxlm.data.text import iter_texts
 from flaxlm.errors import UserError
 
@@ -301,11 +300,12 @@ def iter_rows(rows, skip: int = 0):
 
 def take_rows(rows, idx):
     """rows[idx] for a numpy array, a dict of equal-length numpy arrays (one entry per example field, as
-    fine-tuning uses), a `datasets.Dataset` with an input_ids column or PreparedRows (--prepared_data)."""
+    fine-tuning uses), a `datasets.Dataset` with an input_ids column or rows read from disk on demand (anything
+    with rows_at(idx): flaxlm.data.prepared.PreparedRows, --prepared_data)."""
     if isinstance(rows, np.ndarray):
         return rows[idx]
-    if isinstance(rows, PreparedRows):
-        return rows.take(idx)
+    if hasattr(rows, "rows_at"):
+        return rows.rows_at(idx)
     if isinstance(rows, dict):
         return {k: v[idx] for k, v in rows.items()}
     if "segment_ids" in rows.column_names:  # packed lines (flaxlm.data.packing): both columns
@@ -381,8 +381,10 @@ def run_rows(data, args, global_batch):
     train = data["train"]
     if isinstance(train, StreamedRows):
         train_rows = train.batched(global_batch)
-    elif isinstance(train, PreparedRows):
+    elif hasattr(train, "rows_at"):  # prepared rows, read from disk a batch at a time
         train_rows = ShuffledRows(train, global_batch, args.seed)
+    elif hasattr(train, "rows_by_step"):  # a mixture of sources (flaxlm.data.mixture)
+        train_rows = train.rows_by_step(global_batch, args.seed)
     else:
         if len(train) * len(train[0]["input_ids"]) * 4 <= MATERIALIZE_BYTES:
             train = as_numpy_rows(train)
@@ -394,7 +396,7 @@ def run_rows(data, args, global_batch):
 def held_out_rows(rows):
     """A validation or test split's rows as numpy (a stream's first STREAM_EVAL_ROWS; prepared rows as they are,
     read a batch at a time), or None for no split."""
-    if rows is None or isinstance(rows, PreparedRows):
+    if rows is None or hasattr(rows, "rows_at"):
         return rows
     if isinstance(rows, StreamedRows):
         return np.stack(list(itertools.islice(rows, STREAM_EVAL_ROWS)))
