@@ -160,9 +160,11 @@ def load_rows(directories, tokenizer, function, length, *, source, data_args, we
     for (d, _), rows in zip(splits["train"], trains):
         if len(rows) == 0:
             raise UserError(f"--prepared_data {d} has no train rows of {length} tokens; prepare more text")
+    names = [_name(d) for d in directories]
+    if len(set(names)) < len(names):  # directories of one name in different places
+        names = [f"{name}_{i + 1}" for i, name in enumerate(names)]
     out["train"] = trains[0] if len(trains) == 1 else Mixture(
-        trains, weights or [len(t) for t in trains], [_name(d) for d in directories], "--prepared_data_weights",
-        "--prepared_data")
+        trains, weights or [len(t) for t in trains], names, "--prepared_data_weights", "--prepared_data")
     if include_test and "test" not in out:
         raise UserError(f"--do_predict evaluates test rows but --prepared_data {' '.join(directories)} has none; "
                         f"prepare it with --test_file")

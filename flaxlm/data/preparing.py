@@ -25,7 +25,7 @@ import datasets
 import numpy as np
 
 from flaxlm.data import prepared
-from flaxlm.data.rows import GROUP_BATCH, rows_of_batch, spawned_workers
+from flaxlm.data.rows import GROUP_BATCH, jax_started, rows_of_batch
 from flaxlm.data.text import file_list, iter_texts
 from flaxlm.errors import UserError
 
@@ -123,10 +123,11 @@ def prepare(out_dir, raw, plan, make_rows, length, about, *, num_workers=None, s
 
 
 def _run_in_pool(jobs, raw, make_rows, num_workers, progress):
-    """The jobs in num_workers processes (forked, or spawned once JAX runs), reporting through a queue."""
-    with spawned_workers(num_workers):
-        context = multiprocessing.get_context(multiprocessing.get_start_method())
-        reports = context.Manager().Queue()
+    """The jobs in num_workers processes (forked; spawned once JAX runs, whose threads a fork can deadlock),
+    reporting through a queue."""
+    context = multiprocessing.get_context("spawn" if jax_started() else "fork")
+    with context.Manager() as manager:
+        reports = manager.Queue()
         with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
             futures = [pool.submit(run_job, job, raw[job["split"]], make_rows, reports.put) for job in jobs]
             while not all(f.done() for f in futures):

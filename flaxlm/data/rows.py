@@ -188,7 +188,7 @@ def spawned_workers(num_workers):
     processes with 'spawn' (fresh interpreters) inside this block instead of fork: forking a process with
     JAX's threads can deadlock, and JAX warns of it on every fork. A spawned worker takes a few seconds
     longer to start, and gets the row function pickled. Before JAX has started, workers are forked as usual."""
-    if not num_workers or num_workers < 2 or not _jax_started():
+    if not num_workers or num_workers < 2 or not jax_started():
         yield
         return
     import multiprocess  # datasets' multiprocessing (dill-based)
@@ -200,7 +200,7 @@ def spawned_workers(num_workers):
         multiprocess.set_start_method(before, force=True)
 
 
-def _jax_started():
+def jax_started():
     """True once JAX has created its backends (and its threads); True as well where JAX cannot tell."""
     if "jax" not in sys.modules:
         return False
