@@ -200,3 +200,23 @@ def test_a_mixture_of_prepared_directories_trains_and_logs_each_source(model_dir
     assert data[-1]["demo_rows"] + data[-1]["made_up_rows"] == 2 * 8  # two global batches of 8 rows
     assert data[-1]["demo_tokens"] == 32 * data[-1]["demo_rows"] and data[-1]["made_up_epochs"] > 0
     assert [r["step"] for r in read_metrics(tmp_path / "run", "eval")] == [2]
+
+
+@pytest.mark.parametrize("script,objective,preset,tokenizer,length_flag", [
+    ("run_clm_flax", "clm", "gpt2-tiny", "bpe", "--block_size"),
+    ("run_t5_mlm_flax", "t5", "t5-v1_1-tiny", "unigram", "--max_seq_length"),
+])
+def test_the_clm_and_t5_scripts_check_their_row_length(script, objective, preset, tokenizer, length_flag,
+                                                       model_dir_for, text, tmp_path):
+    """prepare_data.py makes each objective's rows (T5: chunks of the corruption's raw length, longer than the
+    input); the script with another length refuses them before training."""
+    import importlib
+    model = model_dir_for(preset, tokenizer)
+    prepare(model, text, tmp_path / "p", "--objective", objective, length_flag, "32")
+    made = json.loads((tmp_path / "p" / "manifest.json").read_text())["rows"]
+    assert made["function"] == ("documents" if objective == "clm" else "blocks")
+    assert (made["length"] > 32) == (objective == "t5")
+    argv = ["--prepared_data", str(tmp_path / "p"), "--config_name", model, "--tokenizer_name", model,
+            "--output_dir", str(tmp_path / "run"), length_flag, "16", "--max_steps", "1"]
+    expect_user_error(importlib.import_module(script).main, argv,
+                      rf"rows of {made['length']} tokens but this run makes rows of \d+")
