@@ -87,6 +87,18 @@ def test_prepared_rows_are_the_rows_the_script_makes_from_text(objective, functi
         assert os.path.getsize(tmp_path / "p" / f"{shard['name']}.input_ids") == shard["rows"] * 32 * 2
 
 
+def test_streamed_text_gives_the_rows_of_a_streaming_run(model_dir, text, tmp_path):
+    """--streaming: no copy of the text in the datasets cache; the rows (held-out ones too) of StreamedRows."""
+    prepare(model_dir, text, tmp_path / "p", "--max_seq_length", "32", "--streaming", "--shard_size_mb", "0.05",
+            split_validation=True)
+    source = TextSourceArgs(train_file=[text["train"]], streaming=True)
+    made = rows.from_text(load_raw_text(source), rows.blocks(load_tokenizer(model_dir), 32), 32)
+    got = load(model_dir, tmp_path / "p")
+    assert len(got["train"].shards) > 1
+    for split in ("train", "validation"):
+        assert np.array_equal(all_rows(got[split]), np.stack(list(made[split])))
+
+
 def test_two_workers_give_the_rows_of_the_script_with_two_workers(model_dir, text, tmp_path):
     prepare(model_dir, text, tmp_path / "p", "--max_seq_length", "32", "--preprocessing_num_workers", "2")
     source = TextSourceArgs(train_file=[text["train"]], validation_file=[text["validation"]], cache_dir=text["cache"])
