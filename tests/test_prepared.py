@@ -13,6 +13,7 @@ from run_helpers import assert_resume_matches, expect_user_error, read_metrics
 from test_data import corpus as make_corpus
 from flaxlm.config.options import DataArgs, TextSourceArgs
 from flaxlm.data import preparing, rows
+from flaxlm.data.mixture import MixedRows
 from flaxlm.data.prepared import load_rows
 from flaxlm.data.text import load_raw_text
 from flaxlm.errors import UserError
@@ -196,22 +197,33 @@ def test_training_from_prepared_rows_equals_training_from_text_and_resumes(model
                       "either --prepared_data or text")
 
 
-def test_a_mixture_of_prepared_directories_trains_and_logs_each_source(model_dir, corpus, text, tmp_path):
-    """Two directories mixed 3:1; metrics.jsonl's "data" rows count each source's rows; bad weights are refused."""
+def test_a_mixture_of_prepared_directories_trains_resumes_and_logs_each_source(model_dir, corpus, text, tmp_path,
+                                                                               monkeypatch):
+    """Two directories mixed 3:1; a crashed run resumed sees the rows of the straight one; metrics.jsonl's "data"
+    rows count each source's rows; bad weights are refused."""
     prepare(model_dir, {**corpus, "cache": text["cache"]}, tmp_path / "demo", "--max_seq_length", "32")
     prepare(model_dir, text, tmp_path / "made_up", "--max_seq_length", "32")
-    dirs = [str(tmp_path / "demo"), str(tmp_path / "made_up")]
-    args = ["--output_dir", str(tmp_path / "run"), "--config_name", model_dir, "--tokenizer_name", model_dir,
-            "--per_device_train_batch_size", "1", "--max_seq_length", "32", "--max_steps", "2", "--logging_steps", "1",
-            "--eval_steps", "2", "--max_eval_samples", "16", "--prepared_data", *dirs]
-    expect_user_error(run_mlm_flax.main, [*args, "--prepared_data_weights", "1", "-1"], "weight -1.0")
-    expect_user_error(run_mlm_flax.main, [*args, "--prepared_data_weights", "1"], "1 weights for 2 sources")
-    run_mlm_flax.main([*args, "--prepared_data_weights", "3", "1"])
-    data = read_metrics(tmp_path / "run", "data")
+
+    def args_for(out, *extra):
+        return ["--output_dir", str(out), "--config_name", model_dir, "--tokenizer_name", model_dir,
+                "--per_device_train_batch_size", "1", "--max_seq_length", "32", "--max_steps", "2",
+                "--logging_steps", "1", "--save_steps", "1", "--eval_steps", "2", "--max_eval_samples", "16",
+                "--prepared_data", str(tmp_path / "demo"), str(tmp_path / "made_up"), *extra]
+
+    expect_user_error(run_mlm_flax.main, args_for(tmp_path / "bad", "--prepared_data_weights", "1", "-1"),
+                      "weight -1.0")
+    expect_user_error(run_mlm_flax.main, args_for(tmp_path / "bad", "--prepared_data_weights", "1"),
+                      "1 weights for 2 sources")
+    assert_resume_matches(run_mlm_flax.main, lambda out, *extra: args_for(out, "--prepared_data_weights", "3", "1",
+                                                                          *extra),
+                          monkeypatch, tmp_path, steps=2, crash_step=1, rows_class=MixedRows)
+    data = read_metrics(tmp_path / "straight", "data")
     assert [r["step"] for r in data] == [1, 2]
     assert data[-1]["demo_rows"] + data[-1]["made_up_rows"] == 2 * 8  # two global batches of 8 rows
     assert data[-1]["demo_tokens"] == 32 * data[-1]["demo_rows"] and data[-1]["made_up_epochs"] > 0
-    assert [r["step"] for r in read_metrics(tmp_path / "run", "eval")] == [2]
+    resumed = read_metrics(tmp_path / "resumed", "data")[-1]
+    assert {k: v for k, v in resumed.items() if k != "time"} == {k: v for k, v in data[-1].items() if k != "time"}
+    assert [r["step"] for r in read_metrics(tmp_path / "straight", "eval")] == [2]
 
 
 @pytest.mark.parametrize("script,objective,preset,tokenizer,length_flag", [
