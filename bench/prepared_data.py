@@ -17,7 +17,8 @@ each size and worker count, each in a fresh process with a fresh `datasets` cach
 
 reporting seconds, MB/s of text, tokens/s, the peak resident memory of the whole process tree (sampled every
 0.1 s from /proc: the sum over the process and its workers) and the cache's bytes per token (ours: the prepared
-directory; hf: every file `datasets` wrote, text arrow included, as a user's cache holds it). Last, the time from
+directory, and apart the arrow copy of the text that load_raw_text leaves in the datasets cache; hf: every file
+`datasets` wrote, that copy included, as a user's cache holds it). Last, the time from
 the prepared directory to the first batch of rows (prepared.load_rows with its checksums + ShuffledRows' first
 global batch of 256), the data side of "time to first step". Ends with one JSON line.
 """
@@ -155,7 +156,8 @@ def measure_size(megabytes, a, tokenizer_dir, tmp):
             r = {"impl": impl, "corpus_mb": round(text_mb), "workers": w, "seconds": round(seconds, 1),
                  "text_mb_per_s": round(text_mb / seconds, 2), "tokens_per_s": round(tokens / seconds),
                  "peak_rss_mb": round(peak / 1e6), "cache_bytes_per_token": round(cache_bytes / tokens, 2)}
-            if impl == "ours":
+            if impl == "ours":  # + the copy of the text load_raw_text left in the datasets cache (not with --streaming)
+                r["text_cache_bytes_per_token"] = round(dir_bytes(cache) / tokens, 2)
                 r["first_batch_s"] = round(first_batch_seconds(out, tokenizer_dir, a.seq_len), 2)
             print(json.dumps(r), flush=True)
             results.append(r)
