@@ -17,18 +17,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import CausalLMArgs, DataArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.options import (CausalLMArgs, DataArgs, ModelArgs, PreparedDataArgs, TextSourceArgs,  # noqa: E402
+                                   TrainingArgs)
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 
 
 def main(argv=None):
-    model_args, source, data_args, clm_args, args = parse_args(
-        ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, TrainingArgs, argv=argv, prog="run_clm_flax.py",
-        description=__doc__)
+    model_args, source, data_args, clm_args, prep, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, TrainingArgs, argv=argv,
+        prog="run_clm_flax.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
-    from flaxlm.data import rows
+    from flaxlm.data import prepared, rows
     from flaxlm.data.text import load_raw_text
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
@@ -55,13 +56,20 @@ def main(argv=None):
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # Text -> documents, each followed by EOS, packed into blocks of block_size -> the blocks of each step.
-    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed,
-                        keep_linebreaks=clm_args.keep_linebreaks, include_test=args.do_predict)
-    # Your own function may go here (a batch of texts in, int32 [n, block_size] rows out); editing it re-tokenizes.
-    make_rows = rows.documents(tokenizer, block_size, eos=tokenizer.eos_token_id)
-    data = rows.from_text(raw, make_rows, block_size, num_workers=data_args.preprocessing_num_workers,
-                          overwrite_cache=data_args.overwrite_cache, max_train_samples=data_args.max_train_samples,
-                          max_eval_samples=data_args.max_eval_samples)
+    if prep.prepared_data:  # rows prepare_data.py made once, checked against this tokenizer and block_size
+        data = prepared.load_rows(prep.prepared_data, tokenizer, "documents", block_size, source=source,
+                                  data_args=data_args, weights=prep.prepared_data_weights,
+                                  include_test=args.do_predict)
+    else:
+        raw = load_raw_text(source, data_args.validation_split_percentage, args.seed,
+                            keep_linebreaks=clm_args.keep_linebreaks, include_test=args.do_predict)
+        # Your own function may go here (a batch of texts in, int32 [n, block_size] rows out); editing it
+        # re-tokenizes.
+        make_rows = rows.documents(tokenizer, block_size, eos=tokenizer.eos_token_id)
+        data = rows.from_text(raw, make_rows, block_size, num_workers=data_args.preprocessing_num_workers,
+                              overwrite_cache=data_args.overwrite_cache,
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 

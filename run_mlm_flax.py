@@ -14,17 +14,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import DataArgs, MaskedLMArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.options import (DataArgs, MaskedLMArgs, ModelArgs, PreparedDataArgs, TextSourceArgs,  # noqa: E402
+                                   TrainingArgs)
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
 
 
 def main(argv=None):
-    model_args, source, data_args, mlm_args, args = parse_args(
-        ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, TrainingArgs, argv=argv, prog="run_mlm_flax.py",
-        description=__doc__)
+    model_args, source, data_args, mlm_args, prep, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, PreparedDataArgs, TrainingArgs, argv=argv,
+        prog="run_mlm_flax.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
-    from flaxlm.data import rows
+    from flaxlm.data import prepared, rows
     from flaxlm.data.text import load_raw_text
     from flaxlm.objectives.mlm import mlm_objective
     from flaxlm.data.mlm_masking import MLMMasker
@@ -57,13 +58,19 @@ def main(argv=None):
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # Text -> token rows of seq_len (blocks; --line_by_line: lines, packed into rows) -> the rows of each step.
-    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
-    # Your own function may go here (a batch of texts in, int32 [n, seq_len] rows out); editing it re-tokenizes.
-    make_rows = (rows.lines(tokenizer, seq_len, pack=mlm_args.pack_lines and rows.can_pack(raw))
-                 if mlm_args.line_by_line else rows.blocks(tokenizer, seq_len))
-    data = rows.from_text(raw, make_rows, seq_len, num_workers=data_args.preprocessing_num_workers,
-                          overwrite_cache=data_args.overwrite_cache, max_train_samples=data_args.max_train_samples,
-                          max_eval_samples=data_args.max_eval_samples)
+    if prep.prepared_data:  # rows prepare_data.py made once, checked against this tokenizer and seq_len
+        data = prepared.load_rows(prep.prepared_data, tokenizer, "lines" if mlm_args.line_by_line else "blocks",
+                                  seq_len, source=source, data_args=data_args, weights=prep.prepared_data_weights,
+                                  include_test=args.do_predict)
+    else:
+        raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
+        # Your own function may go here (a batch of texts in, int32 [n, seq_len] rows out); editing it re-tokenizes.
+        make_rows = (rows.lines(tokenizer, seq_len, pack=mlm_args.pack_lines and rows.can_pack(raw))
+                     if mlm_args.line_by_line else rows.blocks(tokenizer, seq_len))
+        data = rows.from_text(raw, make_rows, seq_len, num_workers=data_args.preprocessing_num_workers,
+                              overwrite_cache=data_args.overwrite_cache,
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 

@@ -15,17 +15,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import DataArgs, ModelArgs, SpanCorruptionArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.options import (DataArgs, ModelArgs, PreparedDataArgs, SpanCorruptionArgs,  # noqa: E402
+                                   TextSourceArgs, TrainingArgs)
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
 
 
 def main(argv=None):
-    model_args, source, data_args, span_args, args = parse_args(
-        ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, TrainingArgs, argv=argv,
+    model_args, source, data_args, span_args, prep, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, PreparedDataArgs, TrainingArgs, argv=argv,
         prog="run_t5_mlm_flax.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
-    from flaxlm.data import rows
+    from flaxlm.data import prepared, rows
     from flaxlm.data.text import load_raw_text
     from flaxlm.models import family_of, split_model
     from flaxlm.training.output_dir import start_fresh
@@ -53,12 +54,19 @@ def main(argv=None):
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # Text -> token chunks of the raw length -> the chunks of each step.
-    raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
-    # Your own function may go here (a batch of texts in, int32 [n, raw_length] rows out); editing it re-tokenizes.
-    make_rows = rows.blocks(tokenizer, corruptor.raw_length)
-    data = rows.from_text(raw, make_rows, corruptor.raw_length, num_workers=data_args.preprocessing_num_workers,
-                          overwrite_cache=data_args.overwrite_cache, max_train_samples=data_args.max_train_samples,
-                          max_eval_samples=data_args.max_eval_samples)
+    if prep.prepared_data:  # chunks prepare_data.py made once, checked against this tokenizer and raw length
+        data = prepared.load_rows(prep.prepared_data, tokenizer, "blocks", corruptor.raw_length, source=source,
+                                  data_args=data_args, weights=prep.prepared_data_weights,
+                                  include_test=args.do_predict)
+    else:
+        raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
+        # Your own function may go here (a batch of texts in, int32 [n, raw_length] rows out); editing it
+        # re-tokenizes.
+        make_rows = rows.blocks(tokenizer, corruptor.raw_length)
+        data = rows.from_text(raw, make_rows, corruptor.raw_length, num_workers=data_args.preprocessing_num_workers,
+                              overwrite_cache=data_args.overwrite_cache,
+                              max_train_samples=data_args.max_train_samples,
+                              max_eval_samples=data_args.max_eval_samples)
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 

@@ -97,14 +97,16 @@ def assert_devices_match(objective, params, rows, tmp_path, steps=3, global_batc
     np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
 
 
-def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_step):
+def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_step, rows_class=None):
     """main(args_for(out, *extra)) run straight for `steps` steps, then again with a simulated crash when the
-    loop asks for step crash_step's rows, then resumed from the latest checkpoint: every step's loss of the
-    crashed-and-resumed run equals the straight run's. args_for must give --save_steps dividing crash_step."""
+    loop asks for step crash_step's rows (of rows_class: ShuffledRows unless given), then resumed from the latest
+    checkpoint: every step's loss of the crashed-and-resumed run equals the straight run's. args_for must give
+    --save_steps dividing crash_step."""
     from flaxlm.data.rows import ShuffledRows
+    rows_class = rows_class or ShuffledRows
     main(args_for(tmp_path / "straight"))
     straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
-    original = ShuffledRows.batch_rows
+    original = rows_class.batch_rows
 
     def crash(self, step, local):
         if step == crash_step:
@@ -112,7 +114,7 @@ def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_st
         return original(self, step, local)
 
     with monkeypatch.context() as m:
-        m.setattr(ShuffledRows, "batch_rows", crash)
+        m.setattr(rows_class, "batch_rows", crash)
         with pytest.raises(RuntimeError, match="simulated crash"):
             main(args_for(tmp_path / "resumed"))
     main(args_for(tmp_path / "resumed", "--resume_from_checkpoint", "latest"))

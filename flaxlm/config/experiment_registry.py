@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 
 from flaxlm.config.experiments import DRIVER_READ, config_class
-from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, MaskedLMArgs, ModelArgs,
+from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, MaskedLMArgs, ModelArgs, PreparedDataArgs,
                                    QuestionAnsweringArgs, SentencePredictionArgs, SpanCorruptionArgs, TextSourceArgs,
                                    TrainingArgs)
 from flaxlm.errors import UserError
@@ -44,9 +44,9 @@ class Experiment:
 _CLASSES = {}
 
 
-MLM = (ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, TrainingArgs)
-CLM = (ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, TrainingArgs)
-SPAN = (ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, TrainingArgs)
+MLM = (ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, PreparedDataArgs, TrainingArgs)
+CLM = (ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, TrainingArgs)
+SPAN = (ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, PreparedDataArgs, TrainingArgs)
 SENTENCE = (ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs)
 SQUAD = (ModelArgs, TextSourceArgs, DataArgs, QuestionAnsweringArgs, TrainingArgs)
 

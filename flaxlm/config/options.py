@@ -135,6 +135,34 @@ class DataArgs:
 
 
 @dataclass
+class PreparedDataArgs:
+    """Token rows made once by prepare_data.py, instead of text (run_mlm_flax, run_clm_flax, run_t5_mlm_flax)."""
+    prepared_data: list[str] | None = option(key="task.data.prepared_data",
+                                             help="directory prepare_data.py wrote: train on its rows instead of "
+                                                  "tokenizing text (made with this run's tokenizer and length); "
+                                                  "several: their rows mixed (--prepared_data_weights)")
+    prepared_data_weights: list[float] | None = option(key="task.data.prepared_data_weights",
+                                                       help="with several --prepared_data: each one's share of the "
+                                                            "training rows (default: in proportion to their rows); "
+                                                            "rows drawn by weight, seeded by --seed")
+
+
+@dataclass
+class PrepareArgs:
+    """prepare_data.py: whose rows it makes (the objective's training script) and where it writes them."""
+    objective: str = option("mlm", choices=("mlm", "clm", "t5"),
+                            help="the rows of run_mlm_flax.py (blocks; lines with --line_by_line), run_clm_flax.py "
+                                 "(documents) or run_t5_mlm_flax.py (blocks of the span corruption's raw length)")
+    output_dir: str = required(help="the directory of prepared rows (a run reads it with --prepared_data DIR); "
+                                    "running again with the same options continues an interrupted preparation")
+    tokenizer_name: str = required(help="directory (or hub name) of the tokenizer the training runs will use")
+    shard_size_mb: float = option(256.0, minimum=0.001,
+                                  help="MB of text per shard (an interrupted run redoes at most one unfinished shard "
+                                       "per worker)")
+    seed: int = option(42, minimum=0, help="seed of the validation hold-out: the training runs' --seed")
+
+
+@dataclass
 class MaskedLMArgs:
     """How run_mlm_flax.py lays text into rows and masks them (the other scripts do not take these)."""
     line_by_line: bool = option(False, key="task.data.line_by_line",

@@ -134,7 +134,7 @@ def from_text(raw: dict, make_rows, length: int, *, num_workers=None, overwrite_
     format: ds[idx]["input_ids"] is int32 [len(idx), length]. An IterableDataset gives StreamedRows.
     max_train_samples / max_eval_samples keep the first rows of the train / validation and test splits."""
     limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
-    job = functools.partial(_rows_of_batch, make_rows=make_rows, length=length)
+    job = functools.partial(rows_of_batch, make_rows=make_rows, length=length)
     out, key = {}, None
     for split, ds in raw.items():
         if isinstance(ds, datasets.IterableDataset):
@@ -164,7 +164,7 @@ def _cached_rows(ds, job, cache_key, num_workers, overwrite_cache):
     return rows.with_format("numpy", dtype=np.int32)
 
 
-def _rows_of_batch(batch, make_rows, length):
+def rows_of_batch(batch, make_rows, length):
     """The columns datasets.map writes for one batch of texts: {"input_ids"} or the row function's dict."""
     made = make_rows(batch["text"])
     return {name: _checked(x, length) for name, x in (made.items() if isinstance(made, dict)
@@ -188,7 +188,7 @@ def spawned_workers(num_workers):
     processes with 'spawn' (fresh interpreters) inside this block instead of fork: forking a process with
     JAX's threads can deadlock, and JAX warns of it on every fork. A spawned worker takes a few seconds
     longer to start, and gets the row function pickled. Before JAX has started, workers are forked as usual."""
-    if not num_workers or num_workers < 2 or not _jax_started():
+    if not num_workers or num_workers < 2 or not jax_started():
         yield
         return
     import multiprocess  # datasets' multiprocessing (dill-based)
@@ -200,7 +200,7 @@ def spawned_workers(num_workers):
         multiprocess.set_start_method(before, force=True)
 
 
-def _jax_started():
+def jax_started():
     """True once JAX has created its backends (and its threads); True as well where JAX cannot tell."""
     if "jax" not in sys.modules:
         return False
@@ -239,7 +239,7 @@ class StreamedRows:
         for texts in iter_texts(self.ds, GROUP_BATCH):
             if self.max_rows is not None and seen >= self.max_rows:
                 return
-            made = _rows_of_batch({"text": texts}, self.make_rows, self.length)
+            made = rows_of_batch({"text": texts}, self.make_rows, self.length)
             if len(made) > 1:
                 raise UserError("rows of several columns (packed lines) need a cached dataset; drop --streaming")
             rows = made["input_ids"]
@@ -300,9 +300,12 @@ def iter_rows(rows, skip: int = 0):
 
 def take_rows(rows, idx):
     """rows[idx] for a numpy array, a dict of equal-length numpy arrays (one entry per example field, as
-    fine-tuning uses) or a `datasets.Dataset` with an input_ids column."""
+    fine-tuning uses), a `datasets.Dataset` with an input_ids column or rows read from disk on demand (anything
+    with rows_at(idx): flaxlm.data.prepared.PreparedRows, --prepared_data)."""
     if isinstance(rows, np.ndarray):
         return rows[idx]
+    if hasattr(rows, "rows_at"):
+        return rows.rows_at(idx)
     if isinstance(rows, dict):
         return {k: v[idx] for k, v in rows.items()}
     if "segment_ids" in rows.column_names:  # packed lines (flaxlm.data.packing): both columns
@@ -374,10 +377,14 @@ def _filled(example, n, value):
 def run_rows(data, args, global_batch):
     """(train rows by step, validation rows or None, test rows or None, total steps) of a run from from_text's
     output: the training rows shuffled (held in memory up to MATERIALIZE_BYTES) or streamed, the held-out ones
-    as numpy (held_out_rows)."""
+    as numpy (held_out_rows); prepared rows (--prepared_data) stay on disk, read a batch at a time."""
     train = data["train"]
     if isinstance(train, StreamedRows):
         train_rows = train.batched(global_batch)
+    elif hasattr(train, "rows_at"):  # prepared rows, read from disk a batch at a time
+        train_rows = ShuffledRows(train, global_batch, args.seed)
+    elif hasattr(train, "rows_by_step"):  # a mixture of sources (flaxlm.data.mixture)
+        train_rows = train.rows_by_step(global_batch, args.seed)
     else:
         if len(train) * len(train[0]["input_ids"]) * 4 <= MATERIALIZE_BYTES:
             train = as_numpy_rows(train)
@@ -387,9 +394,10 @@ def run_rows(data, args, global_batch):
 
 
 def held_out_rows(rows):
-    """A validation or test split's rows as numpy (a stream's first STREAM_EVAL_ROWS), or None for no split."""
-    if rows is None:
-        return None
+    """A validation or test split's rows as numpy (a stream's first STREAM_EVAL_ROWS; prepared rows as they are,
+    read a batch at a time), or None for no split."""
+    if rows is None or hasattr(rows, "rows_at"):
+        return rows
     if isinstance(rows, StreamedRows):
         return np.stack(list(itertools.islice(rows, STREAM_EVAL_ROWS)))
     return as_numpy_rows(rows)

@@ -140,7 +140,7 @@ def _quiet_datasets_log():
         log.setLevel(level)
 
 
-def _file_list(files, flag):
+def file_list(files, flag):
     """Expand glob patterns (handy in yaml recipes); each must match something."""
     out = []
     for f in files:
@@ -165,7 +165,7 @@ def _extension(path):
 def load_files(files, flag, src, keep_linebreaks=False):
     """The files given with `flag` as one split (Dataset, or IterableDataset with --streaming), read by the
     datasets builder of their extension; remembered so that text that is not UTF-8 is named by file and line."""
-    files = _file_list(files, flag)
+    files = file_list(files, flag)
     for f in files:
         if not os.path.exists(f):
             raise UserError(f"{flag} {f} does not exist; check the path")

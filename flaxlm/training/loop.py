@@ -82,6 +82,8 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                 if done % args.logging_steps == 0 or done == total_steps:
                     nonfinite.check_all()
                     progress.write(done)
+                    if hasattr(train_rows, "log_fields"):  # a mixture: each source's rows, tokens and epochs
+                        log.write(done, "data", train_rows.log_fields(done))
                 if evaluating and (done % (args.eval_steps or args.logging_steps) == 0 or done == total_steps):
                     evaluate(state["params"], done, eval_rows)
                     progress.restart_clock()  # eval time is not train time

@@ -1,0 +1,273 @@
+"""Making a prepared directory (flaxlm.data.prepared describes it): prepare_data.py's work.
+
+    plan = plan_jobs(raw, num_workers)                 # each split cut as the training scripts cut it
+    prepare(out_dir, raw, plan, make_rows, length, about, num_workers=4)
+
+The rows equal the ones the training script makes from the same text and options: the splits come from the same
+load_raw_text; a split's texts go to min(workers, texts) jobs, contiguous ranges cut as datasets.map(num_proc=N)
+cuts them (so N workers give the rows of the training script's --preprocessing_num_workers N, and one worker
+those of a run without it); each job calls the row function on batches of GROUP_BATCH texts from its range's
+start, as datasets.map does. A job writes its rows into shards of about shard_bytes of text each, closed at a
+batch boundary; a finished shard's record (.json, written last) says where its text ends. So a rerun keeps the
+finished shards whose size and checksum hold, continues each job after its last one, and ends with the same rows.
+Memory stays flat: one batch of texts and one shard's open files per worker.
+"""
+import concurrent.futures
+import glob
+import json
+import multiprocessing
+import os
+import queue
+import time
+import zlib
+
+import datasets
+import numpy as np
+
+from flaxlm.data import prepared
+from flaxlm.data.rows import GROUP_BATCH, jax_started, rows_of_batch
+from flaxlm.data.text import file_list, iter_texts
+from flaxlm.errors import UserError
+
+PLAN = "prepare.json"  # the settings of a preparation under way (a rerun must have the same to continue it)
+
+
+def plan_jobs(raw, num_workers):
+    """{split: [(start, end), ...]}: the text ranges of each split's jobs; a stream is one job (None, None)."""
+    plan = {}
+    for split, ds in raw.items():
+        if isinstance(ds, datasets.IterableDataset):
+            plan[split] = [(None, None)]
+            continue
+        n, k = len(ds), max(1, min(num_workers or 1, len(ds)))
+        div, mod = divmod(n, k)  # datasets' Dataset.shard(contiguous=True)
+        starts = [div * i + min(i, mod) for i in range(k + 1)]
+        plan[split] = list(zip(starts[:-1], starts[1:]))
+    return plan
+
+
+def check_output_dir(out_dir):
+    """UserError when out_dir holds files but no preparation (nothing of the user's is overwritten)."""
+    if os.path.isfile(out_dir):
+        raise UserError(f"--output_dir {out_dir} is a file; pass a new or empty directory")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, PLAN)):
+        raise UserError(f"--output_dir {out_dir} is not empty and holds no preparation under way; pass a new or "
+                        f"empty directory")
+
+
+def describe_sources(source):
+    """The text sources a manifest records: each file with its size and mtime, or the hub dataset's name."""
+    if source.dataset_name:
+        out = [{"dataset": source.dataset_name, "config": source.dataset_config_name}]
+    else:
+        out = []
+    for flag in ("train_file", "validation_file", "test_file"):
+        for path in file_list(getattr(source, flag) or [], f"--{flag}"):
+            stat = os.stat(path)
+            out.append({"flag": flag, "path": os.path.abspath(path), "size": stat.st_size, "mtime": stat.st_mtime})
+    return out
+
+
+def summary(out_dir, manifest):
+    """One line per split: rows, tokens and bytes per token of the prepared directory."""
+    itemsize = np.dtype(manifest["rows"]["dtype"]).itemsize
+    lines = [f"prepared rows of {manifest['rows']['length']} tokens ({manifest['rows']['function']}, "
+             f"{np.dtype(manifest['rows']['dtype']).name}) in {out_dir}:"]
+    for split, shards in manifest["splits"].items():
+        rows = sum(s["rows"] for s in shards)
+        data = rows * manifest["rows"]["length"] * itemsize * len(manifest["rows"]["columns"])
+        lines.append(f"  {split}: {rows:,} rows in {len(shards)} shards, {data / 1e6:.1f} MB "
+                     f"({data / max(1, rows * manifest['rows']['length']):.2f} bytes per token)")
+    return "\n".join(lines)
+
+
+def start_or_continue(out_dir, about):
+    """Write the plan `about` to out_dir (new, or empty), or check that the preparation under way there has the
+    same one; a UserError for another directory's files or other settings."""
+    path = os.path.join(out_dir, PLAN)
+    about = json.loads(json.dumps(about))  # as JSON gives it back: tuples are lists
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+        if before != about:
+            changed = sorted(k for k in set(before) | set(about) if before.get(k) != about.get(k))
+            raise UserError(f"--output_dir {out_dir} holds rows prepared with other settings (they differ in "
+                            f"{', '.join(changed)}: a source file changed, or another tokenizer, length, objective "
+                            f"or worker count); pass a new --output_dir, or the settings it was made with")
+        return
+    check_output_dir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    _write_json(path, about)
+
+
+def prepare(out_dir, raw, plan, make_rows, length, about, *, num_workers=None, shard_bytes=256 << 20):
+    """Run every job of `plan` (in num_workers processes), then write the manifest; returns it."""
+    dtype = prepared.row_dtype(about["tokenizer"]["vocab_size"])
+    columns = about["rows"]["columns"]
+    jobs = [dict(out_dir=out_dir, split=split, job=j, start=start, end=end, length=length, dtype=dtype.str,
+                 columns=columns, shard_bytes=shard_bytes)
+            for split, ranges in plan.items() for j, (start, end) in enumerate(ranges)]
+    progress = Throughput(_total_bytes(about["sources"]))
+    if (num_workers or 1) < 2 or len(jobs) == 1:
+        for job in jobs:
+            run_job(job, raw[job["split"]], make_rows, progress.report)
+    else:
+        _run_in_pool(jobs, raw, make_rows, num_workers, progress)
+    progress.close()
+    splits = {split: [record for j in range(len(ranges)) for record in finished_shards(out_dir, split, j)]
+              for split, ranges in plan.items()}
+    manifest = {"format": prepared.FORMAT, "version": prepared.VERSION, **about,
+                "rows": {**about["rows"], "dtype": dtype.str}, "splits": splits}
+    _write_json(os.path.join(out_dir, prepared.MANIFEST), manifest)
+    return manifest
+
+
+def _run_in_pool(jobs, raw, make_rows, num_workers, progress):
+    """The jobs in num_workers processes (forked; spawned once JAX runs, whose threads a fork can deadlock),
+    reporting through a queue."""
+    context = multiprocessing.get_context("spawn" if jax_started() else "fork")
+    with context.Manager() as manager:
+        reports = manager.Queue()
+        with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
+            futures = [pool.submit(run_job, job, raw[job["split"]], make_rows, reports.put) for job in jobs]
+            while not all(f.done() for f in futures):
+                try:
+                    progress.report(reports.get(timeout=0.5))
+                except queue.Empty:
+                    pass
+            for f in futures:
+                f.result()  # a job's error (a UserError too) is raised here
+            while not reports.empty():
+                progress.report(reports.get())
+
+
+def run_job(job, ds, make_rows, report):
+    """One job: the rows of texts [start, end) of a split (or of a whole stream), in shards, after the finished
+    shards it keeps; report((text bytes, tokens)) after each batch."""
+    done = finished_shards(job["out_dir"], job["split"], job["job"], check=job)
+    if done and done[-1]["last"]:
+        return
+    part, skip = len(done), done[-1]["end_text"] if done else 0
+    shard = _ShardWriter(job, part, skip)
+    for texts in _text_batches(ds, job["start"], job["end"], skip):
+        if shard.text_bytes >= job["shard_bytes"]:  # full, and more text follows
+            shard.finish(last=False)
+            shard = _ShardWriter(job, shard.part + 1, shard.end_text)
+        shard.add(rows_of_batch({"text": texts}, make_rows, job["length"]), texts)
+        report((shard.batch_bytes, shard.batch_tokens))
+    shard.finish(last=True)
+
+
+def _text_batches(ds, start, end, skip):
+    """Batches of GROUP_BATCH texts of ds[start:end] (a stream: all of it) from the skip-th text on (a multiple
+    of GROUP_BATCH)."""
+    if start is None:
+        for i, texts in enumerate(iter_texts(ds, GROUP_BATCH)):
+            if i * GROUP_BATCH >= skip:
+                yield texts
+        return
+    for a in range(start + skip, end, GROUP_BATCH):
+        yield ds[a:min(a + GROUP_BATCH, end)]["text"]
+
+
+class _ShardWriter:
+    """One shard being written: its columns appended batch by batch to .tmp files, renamed and recorded by finish."""
+
+    def __init__(self, job, part, start_text):
+        self.job, self.part, self.end_text = job, part, start_text
+        self.name = shard_name(job["split"], job["job"], part)
+        self.dtype = np.dtype(job["dtype"])
+        self.files = {c: open(self._path(c) + ".tmp", "wb") for c in job["columns"]}
+        self.crc = {c: 0 for c in job["columns"]}
+        self.rows = self.text_bytes = self.tokens = self.batch_bytes = self.batch_tokens = 0
+
+    def add(self, columns, texts):
+        self.batch_bytes = sum(len(t.encode("utf-8")) for t in texts)
+        self.batch_tokens = int(columns["input_ids"].size)
+        limit = np.iinfo(self.dtype).max
+        for column, rows in columns.items():
+            if rows.size and (rows.min() < 0 or rows.max() > limit):
+                raise UserError(f"a token id outside [0, {limit}] in the {column} rows; the tokenizer's ids must be "
+                                f"below its vocabulary size")
+            data = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
+            self.files[column].write(data)
+            self.crc[column] = zlib.crc32(data, self.crc[column])
+        self.rows += len(columns["input_ids"])
+        self.text_bytes += self.batch_bytes
+        self.tokens += self.batch_tokens
+        self.end_text += len(texts)
+
+    def finish(self, last):
+        """Data files complete and renamed, then the record that marks the shard finished."""
+        for column, f in self.files.items():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            os.replace(self._path(column) + ".tmp", self._path(column))
+        record = {"name": self.name, "rows": self.rows, "crc32": self.crc, "end_text": self.end_text,
+                  "text_bytes": self.text_bytes, "tokens": self.tokens, "last": last}
+        _write_json(self._path("json"), record)
+
+    def _path(self, suffix):
+        return os.path.join(self.job["out_dir"], f"{self.name}.{suffix}")
+
+
+def shard_name(split, job, part):
+    return f"{split}-{job:03d}-{part:05d}"
+
+
+def finished_shards(out_dir, split, job, check=None):
+    """The records of a job's finished shards, in order; with `check` (the job), only those before the first whose
+    files fail their size or checksum check (its record and the later ones are removed: they are made again)."""
+    paths = sorted(glob.glob(os.path.join(out_dir, shard_name(split, job, 0)[:-5] + "*.json")))
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        if check:
+            problem = prepared.shard_problem(out_dir, record, check["length"], np.dtype(check["dtype"]),
+                                             check["columns"])
+            if problem:
+                print(f"note: {problem}; making it again", flush=True)
+                for later in paths[len(records):]:
+                    os.remove(later)
+                break
+        records.append(record)
+    return records
+
+
+def _write_json(path, value):
+    """Written whole or not at all: a .tmp file renamed."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def _total_bytes(sources):
+    sizes = [s.get("size") for s in sources]
+    return sum(sizes) if sizes and None not in sizes else None
+
+
+class Throughput:
+    """The progress bar of a preparation: text read (MB/s) and tokens made (tokens/s), over every worker."""
+
+    def __init__(self, total_bytes):
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="Preparing rows", mininterval=1.0)
+        self.t0, self.tokens = time.perf_counter(), 0
+
+    def report(self, batch):
+        text_bytes, tokens = batch
+        self.tokens += tokens
+        self.bar.update(text_bytes)
+        self.bar.set_postfix_str(f"{self.tokens / max(time.perf_counter() - self.t0, 1e-9):,.0f} tokens/s",
+                                 refresh=False)
+
+    def close(self):
+        self.bar.close()
+        seconds = time.perf_counter() - self.t0
+        print(f"prepared {self.bar.n / 1e6:.1f} MB of text into {self.tokens:,} row tokens in {seconds:.1f} s "
+              f"({self.bar.n / 1e6 / max(seconds, 1e-9):.1f} MB/s, {self.tokens / max(seconds, 1e-9):,.0f} "
+              f"tokens/s)", flush=True)

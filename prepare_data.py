@@ -1,0 +1,82 @@
+#!/usr/bin/env python
+"""Tokenize and group text once into token rows that any later training run reads with --prepared_data DIR.
+
+Pipeline: options -> tokenizer -> text (the training scripts' --train_file / --validation_file /
+--dataset_name options, split as they split it) -> the rows of --objective's script (mlm: blocks, or lines
+with --line_by_line; clm: documents; t5: blocks of the span corruption's raw length), exactly the rows that
+script makes from the same text and options -> shards of uint16 rows (uint32 for vocabularies over 65,536)
+in --output_dir, with a manifest.json. --preprocessing_num_workers N runs N processes (the rows of the
+training script's --preprocessing_num_workers N). Interrupted? Run the same command again: finished shards
+are kept.
+
+    python prepare_data.py --objective mlm --tokenizer_name MODEL_DIR --train_file corpus.txt \
+        --max_seq_length 128 --output_dir prepared/ --preprocessing_num_workers 4
+    python run_mlm_flax.py --prepared_data prepared/ --config_name MODEL_DIR --tokenizer_name MODEL_DIR ...
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.config.options import (CausalLMArgs, DataArgs, MaskedLMArgs, PrepareArgs, SpanCorruptionArgs,  # noqa: E402
+                                   TextSourceArgs)
+from flaxlm.config.cli import parse_args  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
+
+
+def main(argv=None):
+    source, data_args, mlm_args, clm_args, span_args, prep = parse_args(
+        TextSourceArgs, DataArgs, MaskedLMArgs, CausalLMArgs, SpanCorruptionArgs, PrepareArgs, argv=argv,
+        prog="prepare_data.py", description=__doc__)
+    from flaxlm.data import prepared, preparing
+    from flaxlm.data.text import load_raw_text
+    from flaxlm.tokenization.loading import load_tokenizer
+
+    preparing.check_output_dir(prep.output_dir)  # before any reading
+    tokenizer = load_tokenizer(prep.tokenizer_name)
+    keep_linebreaks = prep.objective == "clm" and clm_args.keep_linebreaks
+    raw = load_raw_text(source, data_args.validation_split_percentage, prep.seed, keep_linebreaks=keep_linebreaks,
+                        include_test=bool(source.test_file))
+    function, make_rows, length = row_function(prep.objective, tokenizer, raw, data_args, mlm_args, clm_args,
+                                               span_args)
+    plan = preparing.plan_jobs(raw, data_args.preprocessing_num_workers)
+    columns = ["input_ids", "segment_ids"] if function == "lines" and make_rows.keywords["pack"] else ["input_ids"]
+    about = {"tokenizer": prepared.tokenizer_identity(tokenizer, prep.tokenizer_name),
+             "rows": {"function": function, "length": length, "columns": columns, "keep_linebreaks": keep_linebreaks},
+             "sources": preparing.describe_sources(source),
+             "text": {"validation_split_percentage": data_args.validation_split_percentage, "seed": prep.seed,
+                      "text_column": source.text_column, "streaming": source.streaming},
+             "jobs": plan}
+    preparing.start_or_continue(prep.output_dir, about)
+    manifest = preparing.prepare(prep.output_dir, raw, plan, make_rows, length, about,
+                                 num_workers=data_args.preprocessing_num_workers,
+                                 shard_bytes=int(prep.shard_size_mb * (1 << 20)))
+    print(preparing.summary(prep.output_dir, manifest), flush=True)
+
+
+def row_function(objective, tokenizer, raw, data_args, mlm_args, clm_args, span_args):
+    """(name, row function, row length) of the objective's training script, as that script chooses them."""
+    from flaxlm.data import rows
+    if objective == "clm":
+        from flaxlm.objectives.clm import MAX_BLOCK_SIZE
+        if tokenizer.eos_token_id is None:
+            raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use one with it")
+        if clm_args.block_size and data_args.max_seq_length and clm_args.block_size != data_args.max_seq_length:
+            raise UserError(f"--block_size {clm_args.block_size} and --max_seq_length {data_args.max_seq_length} "
+                            f"disagree; pass one")
+        length = clm_args.block_size or data_args.max_seq_length or min(tokenizer.model_max_length, MAX_BLOCK_SIZE)
+        return "documents", rows.documents(tokenizer, length, eos=tokenizer.eos_token_id), length
+    if objective == "t5":
+        from flaxlm.data.span_corruption import SpanCorruptor
+        from flaxlm.objectives.span_lm import resolve_input_length
+        length = SpanCorruptor.from_tokenizer(tokenizer, resolve_input_length(data_args.max_seq_length, tokenizer),
+                                              data_args.mlm_probability, span_args.mean_noise_span_length).raw_length
+        return "blocks", rows.blocks(tokenizer, length), length
+    length = data_args.max_seq_length or min(tokenizer.model_max_length, 512)
+    if mlm_args.line_by_line:
+        return "lines", rows.lines(tokenizer, length, pack=mlm_args.pack_lines and rows.can_pack(raw)), length
+    return "blocks", rows.blocks(tokenizer, length), length
+
+
+if __name__ == "__main__":
+    run_main(main)
