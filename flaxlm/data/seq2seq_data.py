@@ -12,8 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from flaxlm.data import text as data
-from flaxlm.data.sentence_data import ROUND_WIDTH, _read_splits as read_splits
+from flaxlm.data.sentence_data import ROUND_WIDTH, read_splits
 from flaxlm.errors import UserError
 
 
@@ -27,29 +26,10 @@ class Pairs:
 def load_pairs(source, source_column, target_column, validation_split_percentage, seed, max_train_samples=None,
                max_eval_samples=None):
     """{"train", "validation": Pairs}; source: TextSourceArgs (the files or dataset)."""
-    if source.streaming:
-        raise UserError("--streaming is not supported for seq2seq fine-tuning (the examples are held in memory); "
-                        "drop --streaming")
-    if not (source.dataset_name or source.train_file):
-        raise UserError("no training examples: pass --train_file FILE (jsonl, json, csv, tsv, parquet) or "
-                        "--dataset_name NAME")
-    with data.naming_bad_bytes(fresh=True):
-        splits, where = read_splits(source, include_test=False)
-        if "validation" not in splits:
-            if not validation_split_percentage:
-                raise UserError(f"no validation examples: pass --validation_file FILE, or a "
-                                f"--validation_split_percentage above 0 to hold some of {where['train']} out")
-            splits["train"], splits["validation"] = data.hold_out(splits["train"], validation_split_percentage,
-                                                                   seed, where["train"])
-            where["validation"] = f"the held-out {validation_split_percentage}% of {where['train']}"
-        limits = {"train": max_train_samples, "validation": max_eval_samples}
-        out = {}
-        for split, ds in splits.items():
-            if limits[split] is not None:
-                ds = ds.select(range(min(limits[split], len(ds))))
-            out[split] = Pairs(where[split], texts(ds, source_column, "--source_column", where[split]),
-                               texts(ds, target_column, "--target_column", where[split]))
-    return out
+    splits, where = read_splits(source, validation_split_percentage, seed, False, max_train_samples,
+                                max_eval_samples, "seq2seq fine-tuning")
+    return {split: Pairs(where[split], texts(ds, source_column, "--source_column", where[split]),
+                         texts(ds, target_column, "--target_column", where[split])) for split, ds in splits.items()}
 
 
 def texts(ds, column, flag, where):
