@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from flaxlm.config.options import DataArgs, ModelArgs, Seq2SeqArgs, TextSourceArgs, TrainingArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
-from flaxlm.errors import run_main  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
 
 
 def main(argv=None):
@@ -40,6 +40,9 @@ def main(argv=None):
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.training.evaluation import collect_predictions
 
+    if args.do_predict:
+        raise UserError("run_seq2seq.py evaluates and predicts the validation split only; drop --do_predict and "
+                        "pass the examples to predict as --validation_file")
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Source/target pairs, each split's in file order.

@@ -85,8 +85,8 @@ def test_beam_search_matches_transformers(pair):
 def test_cached_decoding_equals_full_forward(pair):
     _, ours, ids, mask, _, _ = pair
     dec_ids = np.random.default_rng(1).integers(2, TINY["vocab_size"], (4, 7))
-    full = ours(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(dec_ids))
     graphdef, params = models.split_model(ours)
+    full = jax.jit(lambda p, *args: models.apply_model(graphdef, p, *args))(params, ids, mask, dec_ids)
     cross_kv, enc_mask = start_decoding(ours, jnp.asarray(ids), jnp.asarray(mask), 1)
     cache = init_cache(ours, 4, 7)
     step = jax.jit(lambda p, *args: decode_step(models.merge_model(graphdef, p), *args))
