@@ -5,7 +5,6 @@ import os
 
 import pytest
 
-import run_helpers
 import run_seq2seq
 from run_helpers import expect_user_error, read_metrics
 from flaxlm.tasks.seq2seq import WordTokenizer, copy_baseline, text_metrics

@@ -9,8 +9,7 @@ import torch
 import transformers
 
 from flaxlm import models
-from flaxlm.models.t5_generation import (GenerationOptions, decode_step, generate_jit, init_cache, start_decoding,
-                                         trim)
+from flaxlm.models.t5_generation import GenerationOptions, decode_step, generate_jit, init_cache, start_decoding
 from tests.generation_check import add_noise
 
 TINY = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
@@ -57,7 +56,7 @@ def ours_tokens(model, ids, mask, eos, max_length, num_beams=1, length_penalty=1
                              num_beams=num_beams, length_penalty=length_penalty)
     graphdef, params = models.split_model(model)
     out = generate_jit(graphdef, params, jnp.asarray(ids), jnp.asarray(mask), opts)
-    return [trim(row, opts) for row in np.asarray(out)]
+    return [trim_list(row, eos) for row in np.asarray(out).tolist()]
 
 
 def frequent_token(hf, ids, mask):

@@ -22,7 +22,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from flaxlm.models import merge_model
 from flaxlm.models.t5 import gather_bias, relative_buckets
@@ -186,10 +185,3 @@ def generate_jit(graphdef, params, input_ids_BL, attention_mask_BL, opts):
     """generate() compiled once per (graphdef, shapes, options)."""
     return generate(merge_model(graphdef, params), input_ids_BL, attention_mask_BL, opts)
 
-
-def trim(tokens_N, opts):
-    """One row's tokens as a list, up to and including its EOS (padding after it dropped)."""
-    tokens = np.asarray(tokens_N).tolist()
-    if opts.eos_token_id in tokens:
-        return tokens[:tokens.index(opts.eos_token_id) + 1]
-    return tokens
