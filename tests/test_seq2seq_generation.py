@@ -81,6 +81,7 @@ def test_beam_search_matches_transformers(pair):
     assert ours_tokens(ours, ids, mask, eos, 10, num_beams, length_penalty) == expected
 
 
+@pytest.mark.parametrize("pair", ["umt5"], indirect=True)  # a bias table per layer; the searches cover T5's
 def test_cached_decoding_equals_full_forward(pair):
     _, ours, ids, mask, _, _ = pair
     dec_ids = np.random.default_rng(1).integers(2, TINY["vocab_size"], (4, 7))
