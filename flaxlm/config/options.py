@@ -419,6 +419,32 @@ class QuestionAnsweringArgs:
                                                    "span's by more than this")
 
 
+@dataclass
+class Seq2SeqArgs:
+    """run_seq2seq.py's options (flag names of Hugging Face's run_summarization_flax.py where it has them)."""
+    source_column: str | None = option(key="task.seq2seq.source_column",
+                                       help="column of the source text (default: --text_column, else 'source')")
+    target_column: str = option("target", aliases=("--summary_column",), key="task.seq2seq.target_column",
+                                help="column of the target text")
+    source_prefix: str = option("", key="task.seq2seq.source_prefix",
+                                help="text put before every source (T5's task prefixes, e.g. 'translate nn to nb: ')")
+    max_source_length: int = option(512, minimum=1, key="task.seq2seq.max_source_length",
+                                    help="source tokens kept (longer sources are truncated)")
+    max_target_length: int = option(128, minimum=1, key="task.seq2seq.max_target_length",
+                                    help="target tokens kept, EOS included (longer targets are truncated)")
+    generation_max_length: int | None = option(minimum=2, key="task.seq2seq.generation_max_length",
+                                               help="decoder length of evaluation's generation, counting the start "
+                                                    "token as transformers' max_length does (default: "
+                                                    "--max_target_length)")
+    num_beams: int = option(1, minimum=1, key="task.seq2seq.num_beams",
+                            help="beams of evaluation's generation (1: greedy); transformers' beam search")
+    length_penalty: float = option(1.0, key="task.seq2seq.length_penalty",
+                                   help="beam search scores a finished hypothesis sum(logprob) / length**this")
+    predict_with_generate: bool = option(True, key="task.seq2seq.predict_with_generate",
+                                         help="accepted for compatibility: every evaluation generates and reports "
+                                              "BLEU, chrF and ROUGE")
+
+
 EXPERIMENT_MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
 

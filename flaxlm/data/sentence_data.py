@@ -31,8 +31,18 @@ def load_examples(source, task, validation_split_percentage, seed, include_test=
     """{"train", "validation"[, "test"]: Examples}. task: a sentence_prediction.Task (its columns). Without a
     validation set, validation_split_percentage % of train is held out (seeded). The test split may be unlabeled
     (no label column, or every label -1 as in GLUE's test files)."""
+    splits, where = read_splits(source, validation_split_percentage, seed, include_test, max_train_samples,
+                                max_eval_samples, "sentence prediction")
+    return {split: _examples(ds, task, where[split], labeled=split != "test") for split, ds in splits.items()}
+
+
+def read_splits(source, validation_split_percentage, seed, include_test, max_train_samples, max_eval_samples, what):
+    """({"train", "validation"[, "test"]: Dataset}, {split: where they came from}) of a fine-tuning task (`what`,
+    for messages) whose examples are held in memory: the files or dataset of `source` (TextSourceArgs), a seeded
+    validation_split_percentage % of train held out when there is no validation set, each split cut to its
+    maximum number of examples."""
     if source.streaming:
-        raise UserError("--streaming is not supported for sentence prediction (the examples are held in memory); "
+        raise UserError(f"--streaming is not supported for {what} (the examples are held in memory); "
                         "drop --streaming")
     if source.dataset_name and source.train_file:
         raise UserError("pass either --dataset_name or --train_file, not both")
@@ -48,13 +58,9 @@ def load_examples(source, task, validation_split_percentage, seed, include_test=
             splits["train"], splits["validation"] = data.hold_out(splits["train"], validation_split_percentage,
                                                                    seed, where["train"])
             where["validation"] = f"the held-out {validation_split_percentage}% of {where['train']}"
-        limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
-        out = {}
-        for split, ds in splits.items():
-            if limits[split] is not None:
-                ds = ds.select(range(min(limits[split], len(ds))))
-            out[split] = _examples(ds, task, where[split], labeled=split != "test")
-    return out
+    limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
+    return {split: ds if limits[split] is None else ds.select(range(min(limits[split], len(ds))))
+            for split, ds in splits.items()}, where
 
 
 def _read_splits(source, include_test):

@@ -209,10 +209,13 @@ class Block(nnx.Module):
         self.is_decoder = is_decoder
         self.dropout_rate = config.dropout_rate
 
-    def __call__(self, x_BTD, bias_1NTT, mask_B1TT, key, enc_BSD=None, enc_mask_B11S=None, cross_kv=None):
+    def __call__(self, x_BTD, bias_1NTT, mask_B1TT, key, enc_BSD=None, enc_mask_B11S=None, cross_kv=None,
+                 self_kv=None):
+        """self_kv: the self-attention's keys and values [B, S, N * H] each, when decoding with a cache
+        (flaxlm.models.t5_generation); cross_kv: the cross-attention's, projected once per encoder output."""
         rate = self.dropout_rate
         h_BTD = self.attn_norm(x_BTD)
-        x_BTD = x_BTD + dropout(self.attn(h_BTD, h_BTD, bias_1NTT, mask_B1TT, fold_key(key, 0)), rate,
+        x_BTD = x_BTD + dropout(self.attn(h_BTD, h_BTD, bias_1NTT, mask_B1TT, fold_key(key, 0), self_kv), rate,
                                 fold_key(key, 1))
         if self.is_decoder:
             h_BTD = self.cross_norm(x_BTD)
