@@ -82,19 +82,21 @@ def write(path, text):
 
 
 def test_most_frequent_tag_per_word_from_the_training_split(tmp_path):
+    """The baseline learns from exactly run_token_classification.py's training split: its held-out sentences (by
+    its seed), its tag column, its max_train_samples."""
     train = write(tmp_path / "train.conllu", CONLLU)
-    held_out = [["Oslo", "bor"]]  # sentence 2 went to validation: only sentences 1, 3 and 4 train the baseline
-    task = SuiteTask("pos", "tagging", "accuracy", {"train_file": [train], "tag_column": "upos"})
-    tag_of = baselines.tag_by_word(baselines.training_sentences(task, held_out))
-    # bor: VERB once, NOUN once -> the first in sorted order; Oslo: PROPN once, NOUN once -> NOUN; unseen -> ADP
-    # (the most frequent training tag overall: ADP 2, NOUN 2, PRON 1, PROPN 1, VERB 1 -> ADP first in sorted order)
-    assert [tag_of(w) for w in ("Han", "bor", "Oslo", "i", "Bergen")] == ["PRON", "NOUN", "NOUN", "ADP", "ADP"]
-    names = baselines.read_tagged_file(train, "misc:name")
-    assert names[1] == (["Oslo", "bor"], ["B-GPE_LOC", "O"])
-    limited = SuiteTask("pos", "tagging", "accuracy", {"train_file": [train], "validation_file": [train],
-                                                        "max_train_samples": 1})
-    assert baselines.training_sentences(limited, held_out) == [(["Han", "bor", "i", "Oslo"],
-                                                                ["PRON", "VERB", "ADP", "PROPN"])]
+    words = ["Han", "bor", "Oslo", "i", "Bergen"]
+
+    def tags(**flags):
+        return baselines.most_frequent_tag(SuiteTask("t", "tagging", "accuracy", {"train_file": [train], **flags}))
+
+    # seed 1 holds sentence 2 (Oslo PROPN, bor NOUN) out: bor is VERB once and NOUN once -> the tag seen first;
+    # unseen -> ADP (ADP 2, NOUN 2: the one seen first)
+    held_out = {"validation_split_percentage": 25, "tag_column": "upos"}
+    assert tags(**held_out, seed=1).tags(words) == ["PRON", "VERB", "PROPN", "ADP", "ADP"]
+    assert tags(**held_out, seed=0).tags(words)[1] == "NOUN"  # seed 0 holds sentence 4 out: bor NOUN twice
+    first = tags(validation_file=[train], tag_column="misc:name", max_train_samples=1)  # sentence 1 only
+    assert first.tags(words) == ["O", "O", "B-GPE_LOC", "O", "O"]
     assert baselines.majority_labels(["b", "a", "b", "a", "c"], 3) == ["a", "a", "a"]
 
 
@@ -175,6 +177,8 @@ GOOD = {"name": "sentiment", "kind": "classification", "train_file": "train.tsv"
     ({**GOOD, "output_dir": "x"}, r"sets output_dir, which evaluate_suite.py sets itself"),
     ({**GOOD, "learning_rat": 1e-3}, r"task sentiment: unrecognized arguments: --learning_rat"),
     ({"name": "squad", "kind": "qa", "train_file": "train.tsv"}, r"task squad of .* has no validation_file"),
+    ({"name": "ner", "kind": "ner", "train_file": "train.tsv", "tag_colum": "misc:name"},
+     r"task ner: unrecognized arguments: --tag_colum"),
 ])
 def test_bad_suite_is_one_line_before_any_run(roberta, tmp_path, task, message):
     out = tmp_path / "out"
@@ -219,8 +223,8 @@ def test_suite_reports_a_crash_and_scores_the_rest(roberta, tmp_path, capsys):
 
 
 def test_norwegian_suite_reads_with_the_shared_data(shared_data):
-    """configs/suites/norwegian.yaml: its files are in ../shared/data, its classification flags are
-    run_classification.py's."""
+    """configs/suites/norwegian.yaml: its files are in ../shared/data, its classification and tagging flags are
+    run_classification.py's and run_token_classification.py's."""
     from flaxlm.tasks.suite.suite_file import read_suite, script_options
     tasks = read_suite(os.path.join(os.path.dirname(evaluate_suite.__file__), "configs", "suites", "norwegian.yaml"),
                        str(shared_data))
@@ -230,6 +234,7 @@ def test_norwegian_suite_reads_with_the_shared_data(shared_data):
     assert all(os.path.isfile(p) for t in tasks for p in t.flags["train_file"])
     _, source, _, task_args, _ = script_options(tasks[0])
     assert source.validation_file[0].endswith("norec_sentence_binary_dev.json") and task_args.label_column == "label"
+    assert script_options(tasks[2])[3].tag_column == "misc:name"  # run_token_classification.py's flags
 
 
 def test_help(capsys):

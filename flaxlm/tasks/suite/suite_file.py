@@ -139,9 +139,13 @@ def _data_file(path, data_dir, where):
 
 
 # The option groups of the scripts whose options are declared in flaxlm.config.options, as each script parses them
+_TOKEN_CLASSIFICATION = (options.ModelArgs, options.TextSourceArgs, options.DataArgs,
+                         options.TokenClassificationArgs, options.TrainingArgs)
 SCRIPT_OPTIONS = {
     "classification": (options.ModelArgs, options.TextSourceArgs, options.DataArgs, options.SentencePredictionArgs,
                        options.TrainingArgs),
+    "tagging": _TOKEN_CLASSIFICATION,
+    "ner": _TOKEN_CLASSIFICATION,
     "qa": (options.ModelArgs, options.TextSourceArgs, options.DataArgs, options.QuestionAnsweringArgs,
            options.TrainingArgs),
 }
