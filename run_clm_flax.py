@@ -59,7 +59,7 @@ def main(argv=None):
     if prep.prepared_data:  # rows prepare_data.py made once, checked against this tokenizer and block_size
         data = prepared.load_rows(prep.prepared_data, tokenizer, "documents", block_size, source=source,
                                   data_args=data_args, weights=prep.prepared_data_weights,
-                                  include_test=args.do_predict)
+                                  include_test=args.do_predict, keep_linebreaks=clm_args.keep_linebreaks)
     else:
         raw = load_raw_text(source, data_args.validation_split_percentage, args.seed,
                             keep_linebreaks=clm_args.keep_linebreaks, include_test=args.do_predict)

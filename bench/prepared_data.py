@@ -4,6 +4,7 @@
     python bench/prepared_data.py --corpus_mb 200                      # a quick look
     python bench/prepared_data.py --corpus_mb 5000 --workers 1 2       # the issue's measurement (~5 GB)
     python bench/prepared_data.py --corpus_mb 1000 5000 --workers 1    # peak memory at two corpus sizes
+    python bench/prepared_data.py --corpus_mb 5000 --workers 2 --impls ours   # prepare_data.py alone
 
 The corpus is built here (never committed) from the shared Norwegian and English text (../shared/data: NoReC,
 UD Bokmål, Wikipedia; Shakespeare, WikiText-2): their non-blank lines shuffled with a seed and repeated until the
@@ -15,8 +16,9 @@ each size and worker count, each in a fresh process with a fresh `datasets` cach
   hf:   load_dataset("text") + datasets.map(tokenize) + datasets.map(group_texts), num_proc N
         (bench/data_pipeline.py's hf_rows: Hugging Face's run_mlm_flax.py);
 
-reporting seconds, MB/s of text, tokens/s, the peak resident memory of the whole process tree (sampled every
-0.1 s from /proc: the sum over the process and its workers) and the cache's bytes per token (ours: the prepared
+reporting seconds, MB/s of text, tokens/s, the peak memory of the whole process tree (sampled every 0.1 s from
+/proc/*/smaps_rollup: the PSS summed over the process and its workers, and its anonymous part, which leaves out
+the file pages of memory-mapped files) and the cache's bytes per token (ours: the prepared
 directory, and apart the arrow copy of the text that load_raw_text leaves in the datasets cache; hf: every file
 `datasets` wrote, that copy included, as a user's cache holds it). Last, the time from
 the prepared directory to the first batch of rows (prepared.load_rows with its checksums + ShuffledRows' first
@@ -57,38 +59,43 @@ def build_corpus(path, megabytes, seed=0):
                     break
 
 
-def tree_rss(pid):
-    """Resident bytes of a process and all its descendants (from /proc)."""
-    children, rss = {}, {}
+def tree_memory(pid):
+    """(PSS, anonymous PSS) bytes of a process and all its descendants, from /proc/*/smaps_rollup. PSS counts a page
+    shared by k processes (a forked worker's copy of its parent) as 1/k in each, so the sum is the tree's real
+    footprint; the anonymous part leaves out file pages (the memory-mapped arrow text and rows), which the kernel can
+    drop and read again."""
+    children, mem = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/statm") as f:
-                rss[int(entry)] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/smaps_rollup") as f:
+                fields = dict(line.split(":", 1) for line in f.read().splitlines()[1:])
+            mem[int(entry)] = tuple(int(fields[k].split()[0]) * 1024 for k in ("Pss", "Pss_Anon"))
+        except (OSError, ValueError, IndexError, KeyError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
+    total, anon, todo = 0, 0, [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        total, anon = total + mem.get(p, (0, 0))[0], anon + mem.get(p, (0, 0))[1]
         todo += children.get(p, [])
-    return total
+    return total, anon
 
 
 def run_measured(cmd, env=None):
-    """(seconds, peak tree RSS bytes, stdout) of a command run to its end."""
-    t0, peak = time.perf_counter(), 0
+    """(seconds, peak tree PSS bytes, peak tree anonymous PSS bytes, stdout) of a command run to its end."""
+    t0, peak, peak_anon = time.perf_counter(), 0, 0
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     done = threading.Event()
 
     def sample():
-        nonlocal peak
+        nonlocal peak, peak_anon
         while not done.is_set():
-            peak = max(peak, tree_rss(proc.pid))
+            total, anon = tree_memory(proc.pid)
+            peak, peak_anon = max(peak, total), max(peak_anon, anon)
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -98,7 +105,7 @@ def run_measured(cmd, env=None):
     sampler.join()
     if proc.returncode:
         sys.exit(f"{' '.join(cmd[:3])} ... failed:\n{err[-3000:]}")
-    return time.perf_counter() - t0, peak, out
+    return time.perf_counter() - t0, peak, peak_anon, out
 
 
 def dir_bytes(path):
@@ -135,7 +142,7 @@ def measure_size(megabytes, a, tokenizer_dir, tmp):
     build_corpus(corpus, megabytes)
     text_mb = os.path.getsize(corpus) / 1e6
     results = []
-    for impl in ("ours", "hf"):
+    for impl in a.impls:
         for w in a.workers:
             cache, out = os.path.join(tmp, f"cache-{impl}-{w}"), os.path.join(tmp, f"prepared-{w}")
             if impl == "ours":
@@ -145,7 +152,7 @@ def measure_size(megabytes, a, tokenizer_dir, tmp):
             else:
                 cmd = [sys.executable, os.path.abspath(__file__), "--hf_measure", corpus, tokenizer_dir,
                        str(a.seq_len), str(w), cache]
-            seconds, peak, stdout = run_measured(cmd)
+            seconds, peak, peak_anon, stdout = run_measured(cmd)
             if impl == "ours":
                 manifest = json.load(open(os.path.join(out, "manifest.json")))
                 tokens = sum(s["rows"] for s in manifest["splits"]["train"]) * a.seq_len
@@ -155,7 +162,8 @@ def measure_size(megabytes, a, tokenizer_dir, tmp):
                 cache_bytes = dir_bytes(cache)
             r = {"impl": impl, "corpus_mb": round(text_mb), "workers": w, "seconds": round(seconds, 1),
                  "text_mb_per_s": round(text_mb / seconds, 2), "tokens_per_s": round(tokens / seconds),
-                 "peak_rss_mb": round(peak / 1e6), "cache_bytes_per_token": round(cache_bytes / tokens, 2)}
+                 "peak_pss_mb": round(peak / 1e6),
+                 "peak_anon_mb": round(peak_anon / 1e6), "cache_bytes_per_token": round(cache_bytes / tokens, 2)}
             if impl == "ours":  # + the copy of the text load_raw_text left in the datasets cache (not with --streaming)
                 r["text_cache_bytes_per_token"] = round(dir_bytes(cache) / tokens, 2)
                 r["first_batch_s"] = round(first_batch_seconds(out, tokenizer_dir, a.seq_len), 2)
@@ -170,6 +178,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus_mb", type=int, nargs="+", default=[200], help="corpus sizes to build and prepare")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--impls", nargs="+", choices=["ours", "hf"], default=["ours", "hf"],
+                   help="which ways to measure (hf at 5 GB needs hours and ~25 GB of cache on 2 cores)")
     p.add_argument("--seq_len", type=int, default=512)
     p.add_argument("--vocab_size", type=int, default=32000)
     p.add_argument("--tmp_dir", help="where the corpus, caches and prepared rows go (default: the system's)")

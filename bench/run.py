@@ -9,6 +9,7 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/run.py --suite gpu --memory_only --tasks mlm
                                                                # the same per device of 8 (a TPUv3-8: 32 rows each)
     python bench/run.py --tasks t5 --steps 20 --json /tmp/bench.json
+    python bench/run.py --rows mixture --reference none        # host share reading a 3-source prepared mixture
     python bench/run.py --tasks clm --rounds 3                 # ours and the reference 3 times in turn: medians
     python bench/run.py --scan_layers --remat_policy dots_saveable   # speed switches (flaxlm.models execution)
     XLA_FLAGS=--xla_force_host_platform_device_count=32 python bench/run.py --suite gpu --memory_only --tasks clm \
@@ -20,7 +21,9 @@ the host's work overlaps the device's), tokens/s (batch x input length), MFU (th
 FLOPs / the device peak of flaxlm.training.flops.device_peak_flops, its source shown), peak device memory
 (memory_stats()["peak_bytes_in_use"] where the device has it, else the compiled step's memory_analysis():
 arguments + outputs + temporaries - aliased, the compiler's estimate) and the host's time per step (random
-rows -> objective.collate -> reshape -> meshlib.to_device_batch), in ms and as a share of the step.
+rows -> objective.collate -> reshape -> meshlib.to_device_batch; with --rows prepared / mixture the rows are
+first read from memory-mapped uint16 shards by the loop's own ShuffledRows / MixedRows), in ms and as a share of
+the step.
 --memory_only compiles from abstract inputs (jax.ShapeDtypeStruct) and runs nothing. The CPU compiler's
 estimate is above an accelerator's: XLA:CPU keeps float32 copies of bfloat16 activations, and without
 --scan_layers its figure does not shrink with --remat_policy (its schedule keeps every layer's residuals
@@ -52,6 +55,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from bench.row_sources import ROWS, row_source  # noqa: E402
 from bench.setups import MEAN_SPAN, NOISE_DENSITY, OBJECTIVES, REFERENCE_TASK, SUITES, describe, hf_config  # noqa: E402
 from flaxlm.training import mesh as meshlib  # noqa: E402
 from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # noqa: E402
@@ -116,9 +120,12 @@ def compile_step(task, c, a):
     shardings = state_shardings(state_shapes, mesh, a.sharding)
     step = compile_train_step(objective.loss_sums, tx, layout, shardings, donate=not a.no_donate)
     ids = np.random.default_rng(0).integers(5, c["vocab"] - 100, size=(c["batch"], row_len)).astype(np.int32)
+    rows_dir = tempfile.TemporaryDirectory(prefix="bench-rows-")  # kept alive by the namespace returned
+    rows = row_source(a.rows, c["vocab"], row_len, c["batch"], rows_dir.name)
 
     def host_batch(i):
-        return layout.pieces(objective.collate(ids, np.random.default_rng(i)))
+        rows_BL = ids if rows is None else rows.batch_rows(i, slice(None))
+        return layout.pieces(objective.collate(rows_BL, np.random.default_rng(i)))
 
     key = jax.random.PRNGKey(0)
     t = time.perf_counter()
@@ -126,7 +133,8 @@ def compile_step(task, c, a):
     compiled = step.lower(state_shapes, batch_shapes, key).compile()
     return SimpleNamespace(compiled=compiled, compile_s=round(time.perf_counter() - t, 2), params=params,
                            objective=objective, chunks=layout.chunks, mesh=mesh, tx=tx, data=layout.sharding, key=key,
-                           host_batch=host_batch, state_bytes=per_device_state_bytes(state_shapes, shardings))
+                           host_batch=host_batch, rows_dir=rows_dir,
+                           state_bytes=per_device_state_bytes(state_shapes, shardings))
 
 
 def per_device_state_bytes(state_shapes, shardings):
@@ -151,7 +159,8 @@ def bench_task(task, c, a):
                                      "temp": mem.temp_size_in_bytes, "aliased": mem.alias_size_in_bytes}
     estimate = parts["arguments"] + parts["outputs"] + parts["temp"] - parts["aliased"] if parts else None
     r = {"config": c["name"], "dtype": a.dtype, "device": jax.devices()[0].device_kind, "devices": mesh.size,
-         "sharding": a.sharding, "param_dtype": a.param_dtype, "state_bytes_per_device": built.state_bytes,
+         "sharding": a.sharding, "param_dtype": a.param_dtype, "rows": a.rows,
+         "state_bytes_per_device": built.state_bytes,
          "params": count_params(params), "batch": c["batch"], "tokens_per_example": objective.tokens_per_example,
          "chunks": chunks, "compile_s": built.compile_s, "memory_estimate_bytes": estimate,
          "memory_estimate_parts": parts, "memory_bytes": estimate,
@@ -316,8 +325,10 @@ def print_table(task, c, r):
                  ("MFU", f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a",
                   target("mfu", lambda v: f"{100 * v:.0f}%")),
                  ("  peak", peak, r["peak_source"]),
-                 ("host time/step", f"{r['host_ms']:.2f} ms", f"{r['host_pct']:.1f}% of the step (collation "
-                                                              f"and transfer)")]
+                 ("host time/step", f"{r['host_ms']:.2f} ms", f"{r['host_pct']:.1f}% of the step ("
+                                                              + ("" if r["rows"] == "memory" else
+                                                                 f"reading {r['rows']} rows, ")
+                                                              + "collation and transfer)")]
     rows.append(("memory", f"{r['memory_bytes'] / GIB:.3f} GiB" if r["memory_bytes"] else "n/a",
                  f"{r['memory_source']}  {target('memory_gib', lambda v: f'{v} GiB')}".strip()))
     if r["memory_source"].startswith("compiler"):
@@ -382,6 +393,9 @@ def parse_args(argv):
                                              "--preset)")
     p.add_argument("--sharding", choices=["data", "fsdp"], default="data", help="where the train state lives")
     p.add_argument("--param_dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--rows", choices=ROWS, default="memory",
+                   help="where the host reads each step's rows: one array in memory, a prepared directory's "
+                        "memory-mapped shard, or a 3-source mixture of them (bench/row_sources.py)")
     p.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # bench_in_own_process's child
     a = p.parse_args(argv)
     suite = SUITES[a.suite]

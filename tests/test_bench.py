@@ -81,3 +81,23 @@ def test_rounds_report_medians_and_the_ratio_of_medians(monkeypatch):
     assert r["ratios"] == {"hf-torch x": 2.0}  # median over median, not a median of per-round ratios
     with pytest.raises(run.UserError, match="--rounds 0"):
         run.parse_args(["--rounds", "0"])
+
+
+def test_row_sources_read_the_shards_they_write(tmp_path):
+    """--rows prepared / mixture: the host reads int32 rows of the uint16 shards through the loop's own readers, and
+    the mixture draws its three sources (ShuffledRows / MixedRows: tested in test_prepared / test_mixture)."""
+    import numpy as np
+    from bench.row_sources import MIXTURE, row_source
+    assert row_source("memory", 300, 8, 4, str(tmp_path)) is None
+    for kind, names in (("prepared", ["train"]), ("mixture", list(MIXTURE))):
+        rows = row_source(kind, 300, 8, 4, str(tmp_path))
+        shards = {n: np.fromfile(tmp_path / f"{n}-000-00000.input_ids", np.uint16).reshape(-1, 8) for n in names}
+        seen = {n: 0 for n in names}
+        for step in range(20):
+            got = rows.batch_rows(step, slice(None))
+            assert got.dtype == np.int32 and got.shape == (4, 8)
+            for row in got:
+                owner = [n for n, s in shards.items() if (s == row).all(axis=1).any()]
+                assert len(owner) == 1
+                seen[owner[0]] += 1
+        assert all(seen.values())  # every source is read

@@ -244,3 +244,7 @@ def test_the_clm_and_t5_scripts_check_their_row_length(script, objective, preset
             "--output_dir", str(tmp_path / "run"), length_flag, "16", "--max_steps", "1"]
     expect_user_error(importlib.import_module(script).main, argv,
                       rf"rows of {made['length']} tokens but this run makes rows of \d+")
+    if objective == "clm":  # documents joined with their line breaks or without: the run's choice is checked too
+        expect_user_error(importlib.import_module(script).main, [*argv[:-4], length_flag, "32", "--max_steps", "1",
+                                                                 "--keep_linebreaks", "False"],
+                          r"made with --keep_linebreaks True but this run has --keep_linebreaks False")

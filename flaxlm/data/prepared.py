@@ -118,9 +118,10 @@ def read_manifest(directory):
     return manifest
 
 
-def check_made_for(manifest, directory, tokenizer, function, length):
+def check_made_for(manifest, directory, tokenizer, function, length, keep_linebreaks=None):
     """UserError unless the rows were made by `function` (blocks, documents, lines) in rows of `length` with this
-    tokenizer; the message names what the directory has and what this run has."""
+    tokenizer (and, when not None, with the causal-LM script's keep_linebreaks); the message names what the
+    directory has and what this run has."""
     made = manifest["rows"]
     theirs, ours = manifest["tokenizer"], tokenizer_identity(tokenizer, None)
     if (theirs["hash"], theirs["vocab_size"]) != (ours["hash"], ours["vocab_size"]):
@@ -136,22 +137,27 @@ def check_made_for(manifest, directory, tokenizer, function, length):
         raise UserError(f"--prepared_data {directory} holds rows made by '{made['function']}' but this run makes "
                         f"'{function}' rows; prepare the data with this script's --objective (and --line_by_line "
                         f"as this run has it)")
+    if keep_linebreaks is not None and made.get("keep_linebreaks", keep_linebreaks) != keep_linebreaks:
+        raise UserError(f"--prepared_data {directory} holds documents made with --keep_linebreaks "
+                        f"{made['keep_linebreaks']} but this run has --keep_linebreaks {keep_linebreaks}; pass "
+                        f"--keep_linebreaks {made['keep_linebreaks']}, or prepare the data again")
 
 
 def load_rows(directories, tokenizer, function, length, *, source, data_args, weights=None, include_test=False,
-              verify=True):
+              verify=True, keep_linebreaks=None):
     """{split: rows} of prepared directories after check_made_for and every shard's check (sizes, and with verify
     the checksums: about a second per GB). One directory: PreparedRows of each split; several: their training
     rows mixed by `weights` (default: in proportion to their rows; flaxlm.data.mixture), their validation and test
     rows all evaluated. --max_train_samples / --max_eval_samples (data_args) keep the first rows of a split.
-    source: the run's text options, which must name no text besides."""
+    source: the run's text options, which must name no text besides. keep_linebreaks: the causal-LM script's, checked
+    against the manifest's."""
     if source.train_file or source.dataset_name or source.validation_file or source.test_file:
         raise UserError("pass either --prepared_data or text (--train_file, --validation_file, --test_file, "
                         "--dataset_name), not both: the prepared directory holds every split")
     directories = [directories] if isinstance(directories, str) else list(directories)
     if weights and len(directories) == 1:
         raise UserError("--prepared_data_weights weighs several --prepared_data directories; pass them, or drop it")
-    splits = _checked_splits(directories, tokenizer, function, length, verify)
+    splits = _checked_splits(directories, tokenizer, function, length, verify, keep_linebreaks)
     limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
               "test": data_args.max_eval_samples}
     make = functools.partial(PreparedRows, length=length, dtype=splits.pop("dtype"), columns=splits.pop("columns"))
@@ -173,13 +179,13 @@ def load_rows(directories, tokenizer, function, length, *, source, data_args, we
     return out
 
 
-def _checked_splits(directories, tokenizer, function, length, verify):
+def _checked_splits(directories, tokenizer, function, length, verify, keep_linebreaks):
     """{"train": [(dir, [records])], "validation"/"test": [(dir, record), ...] of all directories, "dtype",
     "columns"} once every directory and shard has passed its checks."""
     out = {"train": []}
     for d in directories:
         manifest = read_manifest(d)
-        check_made_for(manifest, d, tokenizer, function, length)
+        check_made_for(manifest, d, tokenizer, function, length, keep_linebreaks)
         kind = (np.dtype(manifest["rows"]["dtype"]), manifest["rows"]["columns"])
         if out.setdefault("dtype", kind[0]) != kind[0] or out.setdefault("columns", kind[1]) != kind[1]:
             raise UserError(f"--prepared_data {d} holds rows of another kind ({kind[1]}) than {directories[0]}; "
