@@ -114,13 +114,12 @@ def test_score_task_reads_the_output_contract(tmp_path):
 
     pairs = [("eg er her", "jeg er her", "jeg er her"), ("dei kom", "de kom", "dei kom"), ("ho", "hun", "ho")]
     refs = [r for _, r, _ in pairs]
-    for prefix in ("", "nn-nb: "):  # a source written with --source_prefix is copied without it
-        write(run / "predictions_validation.jsonl", "".join(
-            json.dumps({"source": prefix + s, "reference": r, "prediction": p}) + "\n" for s, r, p in pairs))
-        task = SuiteTask("nn_nb", "seq2seq", "chrf", {"train_file": [train], "source_prefix": prefix})
-        scored, baseline = score_task(task, str(run))
-        assert scored.value == pytest.approx(corpus_chrf([p for _, _, p in pairs], [refs]).score)
-        assert baseline == pytest.approx(corpus_chrf([s for s, _, _ in pairs], [refs]).score)  # copy the source
+    write(run / "predictions_validation.jsonl", "".join(
+        json.dumps({"source": s, "reference": r, "prediction": p}) + "\n" for s, r, p in pairs))
+    task = SuiteTask("nn_nb", "seq2seq", "chrf", {"train_file": [train], "source_prefix": "nn-nb: "})
+    scored, baseline = score_task(task, str(run))
+    assert scored.value == pytest.approx(corpus_chrf([p for _, _, p in pairs], [refs]).score)
+    assert baseline == pytest.approx(corpus_chrf([s for s, _, _ in pairs], [refs]).score)  # copy the source
 
     squad = {"data": [{"paragraphs": [{"context": "Oslo er hovedstaden i Norge.", "qas": [
         {"id": "a", "question": "Hva er hovedstaden?", "answers": [{"text": "Oslo", "answer_start": 0}]},

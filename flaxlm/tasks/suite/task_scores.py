@@ -22,12 +22,11 @@ def score_task(task, task_dir):
 
 
 def _seq2seq(task, path):
+    """The predictions' score, and the baseline of copying the source (as run_seq2seq.py writes it: unprefixed)."""
     rows = scores.read_generated_predictions(path)
     refs = [r["reference"] for r in rows]
-    prefix = task.flags.get("source_prefix") or ""
-    sources = [r["source"][len(prefix):] if prefix and r["source"].startswith(prefix) else r["source"] for r in rows]
     return (scores.generation_scored([r["prediction"] for r in rows], refs, task.metric),
-            scores.generation_scored(sources, refs, task.metric).value)  # the source copied, without the prefix
+            scores.generation_scored([r["source"] for r in rows], refs, task.metric).value)
 
 
 def _classification(task, path):
