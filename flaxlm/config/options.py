@@ -136,7 +136,8 @@ class DataArgs:
 
 @dataclass
 class PreparedDataArgs:
-    """Token rows made once by prepare_data.py, instead of text (run_mlm_flax, run_clm_flax, run_t5_mlm_flax)."""
+    """Token rows made once by prepare_data.py instead of text, and the weights of mixed sources (run_mlm_flax,
+    run_clm_flax, run_t5_mlm_flax)."""
     prepared_data: list[str] | None = option(key="task.data.prepared_data",
                                              help="directory prepare_data.py wrote: train on its rows instead of "
                                                   "tokenizing text (made with this run's tokenizer and length); "
@@ -145,6 +146,11 @@ class PreparedDataArgs:
                                                        help="with several --prepared_data: each one's share of the "
                                                             "training rows (default: in proportion to their rows); "
                                                             "rows drawn by weight, seeded by --seed")
+    train_file_weights: list[float] | None = option(key="task.data.train_file_weights",
+                                                    help="each --train_file's share of the training rows: the files "
+                                                         "(or glob patterns) become sources mixed by weight, seeded "
+                                                         "by --seed, each named after its file in metrics.jsonl "
+                                                         "(without it, several files are one source)")
 
 
 @dataclass
