@@ -36,7 +36,7 @@ def main(argv=None):
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
-    text_mixture.check_options(source, prep.train_file_weights)  # weights of --train_file, before any work
+    weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model.
@@ -62,9 +62,9 @@ def main(argv=None):
                                   data_args=data_args, weights=prep.prepared_data_weights,
                                   include_test=args.do_predict)
     else:
-        raw = text_mixture.load_text(source, prep.train_file_weights, data_args.validation_split_percentage,
-                                     args.seed, keep_linebreaks=clm_args.keep_linebreaks,
-                                     include_test=args.do_predict)  # weighted files: a Mixture
+        raw = text_mixture.load_text(source, weights, data_args.validation_split_percentage, args.seed,
+                                     keep_linebreaks=clm_args.keep_linebreaks,
+                                     include_test=args.do_predict)  # with weights: a Mixture of the sources
         # Your own function may go here (a batch of texts in, int32 [n, block_size] rows out); editing it
         # re-tokenizes.
         make_rows = rows.documents(tokenizer, block_size, eos=tokenizer.eos_token_id)

@@ -1,6 +1,6 @@
-"""--train_file a b c --train_file_weights: each file a source of its own rows, drawn by weight (the sampling itself:
-test_mixture.py), each source's hold-out validated, a run resumed exactly, each source counted in metrics.jsonl;
-bad weights refused before --output_dir is made."""
+"""--train_file a b c --train_file_weights (and --dataset_name a b --dataset_weights): each file (dataset) a source
+of its own rows, drawn by weight (the sampling itself: test_mixture.py), each source's hold-out validated, a run
+resumed exactly, each source counted in metrics.jsonl; bad weights refused before --output_dir is made."""
 import types
 
 import numpy as np
@@ -14,6 +14,7 @@ from test_data import corpus, src, write
 from flaxlm.data import rows
 from flaxlm.data.mixture import MixedRows
 from flaxlm.data.text_mixture import load_text, source_names
+from flaxlm.errors import UserError
 from flaxlm.tokenization.trainers import train_bpe
 
 WORDS = (("sol", "regn", "vind", "snø"), ("hav", "fjell", "skog", "elv"), ("hund", "katt", "fugl", "fisk"))
@@ -56,9 +57,30 @@ def test_a_3_file_mixture_draws_each_files_rows_by_weight_and_holds_out_each_fil
     assert fields["web_tokens"] == 16 * fields["web_rows"] and fields["books_epochs"] > 1
 
 
-def test_source_names_come_from_the_files():
-    assert source_names(["a/books.txt", "b/news.jsonl.gz", "web/*.txt"]) == ["books", "news", "web"]
-    assert source_names(["x/books.txt", "y/books.txt"]) == ["books_1", "books_2"]
+def test_source_names_come_from_the_files_or_datasets(tmp_path):
+    names = lambda **kw: source_names(src(tmp_path, **kw))  # noqa: E731
+    assert names(train_file=["a/books.txt", "b/news.jsonl.gz", "web/*.txt"]) == ["books", "news", "web"]
+    assert names(train_file=["x/books.txt", "y/books.txt"]) == ["books_1", "books_2"]
+    assert names(dataset_name=["oscar", "org/wiki"], dataset_config_name=["no", "default"]) == ["oscar_no", "wiki"]
+
+
+def test_hub_datasets_mix_with_their_own_validation_splits(tmp_path):
+    """Local dataset folders (read as hub datasets are, no network): one with a validation split, one held out."""
+    folders = []
+    for name, words, has_validation in (("nb", WORDS[0], True), ("nn", WORDS[1], False)):
+        folder = tmp_path / name
+        folder.mkdir()
+        write(folder / "train.txt", [" ".join(words)] * 20)
+        if has_validation:
+            write(folder / "validation.txt", ["valideringstekst"])
+        folders.append(str(folder))
+    raw = load_text(src(tmp_path, dataset_name=folders), [0.5, 0.5], validation_split_percentage=10)
+    assert raw["train"].names == ["nb", "nn"] and [len(ds) for ds in raw["train"].sources] == [20, 18]
+    assert raw["validation"]["text"][:] == ["valideringstekst"] + [" ".join(WORDS[1])] * 2
+    with pytest.raises(UserError, match="names 2 datasets but this reads one; mix several with --dataset_weights"):
+        load_text(src(tmp_path, dataset_name=folders), None)
+    with pytest.raises(UserError, match="1 configurations for 2 datasets"):
+        load_text(src(tmp_path, dataset_name=folders, dataset_config_name=["default"]), [1, 1])
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +116,8 @@ def test_a_text_mixture_run_resumes_exactly_and_logs_each_source(model_dir, corp
     (("--train_file_weights", "1", "inf"), "inf is not a finite number"),
     (("--train_file_weights", "0", "0"), "all zero"),
     (("--train_file_weights", "1", "1", "--streaming"), "cannot mix streams.*--prepared_data_weights"),
+    (("--dataset_weights", "1", "1"), "--dataset_weights weighs the sources of --dataset_name, which is not given"),
+    (("--train_file_weights", "1", "1", "--dataset_weights", "1", "1"), "not both"),
 ])
 @pytest.mark.parametrize("main", [run_mlm_flax.main, run_clm_flax.main, run_t5_mlm_flax.main])
 def test_bad_weights_are_refused_before_the_output_dir_is_made(main, extra, match, tmp_path):
@@ -103,10 +127,14 @@ def test_bad_weights_are_refused_before_the_output_dir_is_made(main, extra, matc
     assert not out.exists()
 
 
-def test_weights_need_several_train_files(tmp_path):
+def test_weights_need_several_sources(tmp_path):
     a = source_files(tmp_path, (5, 5, 5))[0]
-    out = str(tmp_path / "run")
-    expect_user_error(run_mlm_flax.main, ["--output_dir", out, "--train_file", a, "--train_file_weights", "1"],
-                      "one is given; pass more files or drop the weights")
-    expect_user_error(run_mlm_flax.main, ["--output_dir", out, "--prepared_data", a, "--train_file_weights", "1"],
+    out = tmp_path / "run"
+    expect_user_error(run_mlm_flax.main, ["--output_dir", str(out), "--train_file", a, "--train_file_weights", "1"],
+                      "several --train_file sources but one is given")
+    expect_user_error(run_mlm_flax.main, ["--output_dir", str(out), "--dataset_name", "x", "--dataset_weights", "1"],
+                      "several --dataset_name sources but one is given")
+    expect_user_error(run_mlm_flax.main, ["--output_dir", str(out), "--prepared_data", a,
+                                          "--train_file_weights", "1"],
                       "--train_file, which is not given.*--prepared_data_weights")
+    assert not out.exists()
