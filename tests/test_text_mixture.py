@@ -9,7 +9,7 @@ import pytest
 import run_clm_flax
 import run_mlm_flax
 import run_t5_mlm_flax
-from run_helpers import assert_resume_matches, expect_user_error, mixture_counts
+from run_helpers import assert_resume_matches, expect_user_error, mixture_counts, read_metrics
 from test_data import corpus, src, write
 from flaxlm.data import rows
 from flaxlm.data.mixture import MixedRows
@@ -68,16 +68,22 @@ def test_source_names_come_from_the_files_or_datasets(tmp_path):
     assert names(dataset_name=["oscar", "org/wiki"], dataset_config_name=["no", "default"]) == ["oscar_no", "wiki"]
 
 
-def test_hub_datasets_mix_with_their_own_validation_splits(tmp_path):
-    """Local dataset folders (read as hub datasets are, no network): one with a validation split, one held out."""
+def dataset_folders(tmp_path, lines=20):
+    """Two local dataset folders (read as hub datasets are, no network): nb with a validation split, nn without."""
     folders = []
     for name, words, has_validation in (("nb", WORDS[0], True), ("nn", WORDS[1], False)):
         folder = tmp_path / name
         folder.mkdir()
-        write(folder / "train.txt", [" ".join(words)] * 20)
+        write(folder / "train.txt", [" ".join(words)] * lines)
         if has_validation:
             write(folder / "validation.txt", ["valideringstekst"])
         folders.append(str(folder))
+    return folders
+
+
+def test_hub_datasets_mix_with_their_own_validation_splits(tmp_path):
+    """nb's validation split and nn's held-out 10 % are the validation text."""
+    folders = dataset_folders(tmp_path)
     raw = load_text(src(tmp_path, dataset_name=folders), [0.5, 0.5], validation_split_percentage=10)
     assert raw["train"].names == ["nb", "nn"] and [len(ds) for ds in raw["train"].sources] == [20, 18]
     assert raw["validation"]["text"][:] == ["valideringstekst"] + [" ".join(WORDS[1])] * 2
@@ -139,3 +145,14 @@ def test_weights_need_several_sources(tmp_path):
                                           "--train_file_weights", "1"],
                       "--train_file, which is not given.*--prepared_data_weights")
     assert not out.exists()
+
+
+def test_run_clm_trains_on_a_mixture_of_datasets(tiny_gpt2_dir, tmp_path):
+    """run_clm_flax.py with two datasets 1:1: both drawn from, each counted in metrics.jsonl under its name."""
+    out = tmp_path / "run"
+    run_clm_flax.main(["--output_dir", str(out), "--config_name", tiny_gpt2_dir, "--tokenizer_name", tiny_gpt2_dir,
+                       "--dataset_name", *dataset_folders(tmp_path, lines=200), "--dataset_weights", "1", "1",
+                       "--block_size", "16", "--per_device_train_batch_size", "2", "--max_steps", "1",
+                       "--do_eval", "false", "--cache_dir", str(tmp_path / "cache")])
+    counts = read_metrics(out, "data")[-1]
+    assert counts["nb_rows"] + counts["nn_rows"] == 16 and counts["nb_rows"] > 0 and counts["nn_rows"] > 0
