@@ -141,6 +141,8 @@ def test_weights_need_several_sources(tmp_path):
                       "several --train_file sources but one is given")
     expect_user_error(run_mlm_flax.main, ["--output_dir", str(out), "--dataset_name", "x", "--dataset_weights", "1"],
                       "several --dataset_name sources but one is given")
+    expect_user_error(run_mlm_flax.main, ["--output_dir", str(out), "--dataset_name", "x", "y"],
+                      "names 2 datasets but this reads one; mix several with --dataset_weights")
     expect_user_error(run_mlm_flax.main, ["--output_dir", str(out), "--prepared_data", a,
                                           "--train_file_weights", "1"],
                       "--train_file, which is not given.*--prepared_data_weights")

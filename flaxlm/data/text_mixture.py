@@ -25,14 +25,14 @@ import os
 import datasets
 
 from flaxlm.data.mixture import Mixture, check_weights, unique_names
-from flaxlm.data.text import COMPRESSIONS, datasets_named, load_raw_text
+from flaxlm.data.text import COMPRESSIONS, datasets_named, load_raw_text, one_dataset
 from flaxlm.errors import UserError
 
 
 def mixture_weights(source, prep):
     """The weights of --train_file_weights or --dataset_weights (prep: PreparedDataArgs) once checked against the
     sources they weigh; None without weights. A UserError for no or one source, another count, bad weights, both
-    flags, or --streaming."""
+    flags, --streaming, or several datasets without weights."""
     if prep.train_file_weights is not None and prep.dataset_weights is not None:
         raise UserError("pass --train_file_weights with --train_file or --dataset_weights with --dataset_name, "
                         "not both")
@@ -43,6 +43,8 @@ def mixture_weights(source, prep):
         weights, flag, sources_flag, sources = (prep.dataset_weights, "--dataset_weights", "--dataset_name",
                                                 datasets_named(source))
     else:
+        if source.dataset_name:
+            one_dataset(source)  # several datasets need --dataset_weights
         return None
     if not sources:
         raise UserError(f"{flag} weighs the sources of {sources_flag}, which is not given; pass them (with "
