@@ -30,12 +30,13 @@ def main(argv=None):
     from flaxlm.training import mesh as meshlib
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
     from flaxlm.data import prepared, rows
-    from flaxlm.data.text import load_raw_text
+    from flaxlm.data import text_mixture
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
+    weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model.
@@ -61,8 +62,9 @@ def main(argv=None):
                                   data_args=data_args, weights=prep.prepared_data_weights,
                                   include_test=args.do_predict, keep_linebreaks=clm_args.keep_linebreaks)
     else:
-        raw = load_raw_text(source, data_args.validation_split_percentage, args.seed,
-                            keep_linebreaks=clm_args.keep_linebreaks, include_test=args.do_predict)
+        raw = text_mixture.load_text(source, weights, data_args.validation_split_percentage, args.seed,
+                                     keep_linebreaks=clm_args.keep_linebreaks,
+                                     include_test=args.do_predict)  # with weights: a Mixture of the sources
         # Your own function may go here (a batch of texts in, int32 [n, block_size] rows out); editing it
         # re-tokenizes.
         make_rows = rows.documents(tokenizer, block_size, eos=tokenizer.eos_token_id)

@@ -26,7 +26,7 @@ def main(argv=None):
         prog="run_mlm_flax.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data import prepared, rows
-    from flaxlm.data.text import load_raw_text
+    from flaxlm.data import text_mixture
     from flaxlm.objectives.mlm import mlm_objective
     from flaxlm.data.mlm_masking import MLMMasker
     from flaxlm.data.whole_word_masking import WholeWordMasker
@@ -37,6 +37,7 @@ def main(argv=None):
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.tokenization.word_boundaries import word_boundaries
 
+    weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model.
@@ -63,7 +64,8 @@ def main(argv=None):
                                   seq_len, source=source, data_args=data_args, weights=prep.prepared_data_weights,
                                   include_test=args.do_predict)
     else:
-        raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
+        raw = text_mixture.load_text(source, weights, data_args.validation_split_percentage, args.seed,
+                                     include_test=args.do_predict)  # with weights: a Mixture of the sources
         # Your own function may go here (a batch of texts in, int32 [n, seq_len] rows out); editing it re-tokenizes.
         make_rows = (rows.lines(tokenizer, seq_len, pack=mlm_args.pack_lines and rows.can_pack(raw))
                      if mlm_args.line_by_line else rows.blocks(tokenizer, seq_len))

@@ -27,7 +27,7 @@ def main(argv=None):
         prog="run_t5_mlm_flax.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data import prepared, rows
-    from flaxlm.data.text import load_raw_text
+    from flaxlm.data import text_mixture
     from flaxlm.models import family_of, split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
@@ -35,6 +35,7 @@ def main(argv=None):
     from flaxlm.objectives.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
+    weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer, model and the corruption's lengths: raw chunk -> input of max_seq_length + target.
@@ -59,7 +60,8 @@ def main(argv=None):
                                   data_args=data_args, weights=prep.prepared_data_weights,
                                   include_test=args.do_predict)
     else:
-        raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
+        raw = text_mixture.load_text(source, weights, data_args.validation_split_percentage, args.seed,
+                                     include_test=args.do_predict)  # with weights: a Mixture of the sources
         # Your own function may go here (a batch of texts in, int32 [n, raw_length] rows out); editing it
         # re-tokenizes.
         make_rows = rows.blocks(tokenizer, corruptor.raw_length)

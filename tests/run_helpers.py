@@ -123,6 +123,16 @@ def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_st
     assert [r["loss"] for r in resumed] == pytest.approx(straight, rel=1e-6)
 
 
+def mixture_counts(tmp_path, steps):
+    """The last "data" row (each source's rows, tokens and epochs) of assert_resume_matches' straight run, after
+    checking that one is logged each step and that the resumed run logged the same counts."""
+    data = read_metrics(tmp_path / "straight", "data")
+    assert [r["step"] for r in data] == list(range(1, steps + 1))
+    resumed = read_metrics(tmp_path / "resumed", "data")[-1]
+    assert {k: v for k, v in resumed.items() if k != "time"} == {k: v for k, v in data[-1].items() if k != "time"}
+    return data[-1]
+
+
 def free_port():
     """A TCP port free on localhost now (for a jax.distributed coordinator)."""
     with socket.socket() as s:

@@ -94,10 +94,12 @@ class ModelArgs(ModelLoadingArgs):
 
 @dataclass
 class TextSourceArgs:
-    dataset_name: str | None = option(key="task.data.dataset_name",
-                                      help="name of a `datasets` dataset (needs network unless cached)")
-    dataset_config_name: str | None = option(key="task.data.dataset_config_name",
-                                             help="configuration of --dataset_name")
+    dataset_name: list[str] | None = option(key="task.data.dataset_name",
+                                            help="name of a `datasets` dataset (needs network unless cached); the "
+                                                 "pretraining scripts mix several by --dataset_weights")
+    dataset_config_name: list[str] | None = option(key="task.data.dataset_config_name",
+                                                   help="configuration of --dataset_name (several datasets: one "
+                                                        "each, 'default' for one without any)")
     train_file: list[str] | None = option(key="task.train_data.input_path",
                                           help="training text: txt, json, jsonl, csv or parquet; repeatable")
     validation_file: list[str] | None = option(key="task.validation_data.input_path",
@@ -136,7 +138,8 @@ class DataArgs:
 
 @dataclass
 class PreparedDataArgs:
-    """Token rows made once by prepare_data.py, instead of text (run_mlm_flax, run_clm_flax, run_t5_mlm_flax)."""
+    """Token rows made once by prepare_data.py instead of text, and the weights of mixed sources (run_mlm_flax,
+    run_clm_flax, run_t5_mlm_flax)."""
     prepared_data: list[str] | None = option(key="task.data.prepared_data",
                                              help="directory prepare_data.py wrote: train on its rows instead of "
                                                   "tokenizing text (made with this run's tokenizer and length); "
@@ -145,6 +148,15 @@ class PreparedDataArgs:
                                                        help="with several --prepared_data: each one's share of the "
                                                             "training rows (default: in proportion to their rows); "
                                                             "rows drawn by weight, seeded by --seed")
+    train_file_weights: list[float] | None = option(key="task.data.train_file_weights",
+                                                    help="each --train_file's share of the training rows: the files "
+                                                         "(or glob patterns) become sources mixed by weight, seeded "
+                                                         "by --seed, each named after its file in metrics.jsonl "
+                                                         "(without it, several files are one source)")
+    dataset_weights: list[float] | None = option(key="task.data.dataset_weights",
+                                                 help="each --dataset_name's share of the training rows: the datasets "
+                                                      "become sources mixed by weight, as --train_file_weights mixes "
+                                                      "files")
 
 
 @dataclass

@@ -35,6 +35,14 @@ def check_weights(weights, n_sources, flag="--train_file_weights", sources_flag=
     return np.asarray(weights, np.float64) / sum(weights)
 
 
+def unique_names(labels):
+    """Sources' names for metrics.jsonl: letters, digits and _ only, numbered when two are alike."""
+    names = ["".join(c if c.isalnum() else "_" for c in label) or "source" for label in labels]
+    if len(set(names)) < len(names):
+        names = [f"{name}_{i + 1}" for i, name in enumerate(names)]
+    return names
+
+
 class Mixture:
     """Training rows of several named sources with their weights, made into MixedRows (rows_by_step) once the loop's
     global batch is known."""
@@ -42,6 +50,10 @@ class Mixture:
     def __init__(self, sources, weights, names, flag="--train_file_weights", sources_flag="--train_file"):
         self.sources, self.names = sources, names
         self.weights = check_weights(list(weights), len(sources), flag, sources_flag)
+
+    def map_sources(self, fn):
+        """The mixture of fn(source) of each source, same names and weights (e.g. each source's text made rows)."""
+        return Mixture([fn(s) for s in self.sources], self.weights, self.names)
 
     def rows_by_step(self, global_batch, seed):
         return MixedRows(self.sources, self.weights, global_batch, seed, self.names)
@@ -56,6 +68,7 @@ class MixedRows:
         self.sources, self.global_batch, self.seed = sources, global_batch, seed
         self.names = names or [f"source_{i + 1}" for i in range(len(sources))]
         self.sizes = np.array([num_rows(s) for s in sources], np.int64)
+        self.lengths = [getattr(s, "length", None) or _row_length(s) for s in sources]  # tokens of a row
         empty = [i for i, n in enumerate(self.sizes) if n == 0 and self.p[i] > 0]
         if empty:
             raise UserError(f"source {empty[0] + 1} of the mixture has no rows; give it text or weight 0")
@@ -88,8 +101,8 @@ class MixedRows:
     def log_fields(self, step):
         """{name_rows, name_tokens, name_epochs} of each source for the steps before `step`."""
         drawn, out = self.drawn_before(step), {}
-        for name, source, n, size in zip(self.names, self.sources, drawn, self.sizes):
-            out.update({f"{name}_rows": int(n), f"{name}_tokens": int(n) * getattr(source, "length", 0),
+        for name, length, n, size in zip(self.names, self.lengths, drawn, self.sizes):
+            out.update({f"{name}_rows": int(n), f"{name}_tokens": int(n) * length,
                         f"{name}_epochs": round(float(n / max(size, 1)), 4)})
         return out
 
@@ -119,6 +132,14 @@ class MixedRows:
         if self._perms.get(i, (None,))[0] != epoch:
             self._perms[i] = (epoch, np.random.default_rng([self.seed, i, epoch]).permutation(int(self.sizes[i])))
         return self._perms[i][1]
+
+
+def _row_length(rows):
+    """Tokens in a row of `rows` (0 when it has none)."""
+    if num_rows(rows) == 0:
+        return 0
+    first = take_rows(rows, np.arange(1))
+    return (next(iter(first.values())) if isinstance(first, dict) else first).shape[-1]
 
 
 def _placed(parts, source_b):

@@ -24,7 +24,7 @@ import zlib
 import numpy as np
 
 from flaxlm.data.fingerprint import fingerprint
-from flaxlm.data.mixture import Mixture
+from flaxlm.data.mixture import Mixture, unique_names
 from flaxlm.errors import UserError
 
 FORMAT = "flaxlm prepared rows"
@@ -166,9 +166,7 @@ def load_rows(directories, tokenizer, function, length, *, source, data_args, we
     for (d, _), rows in zip(splits["train"], trains):
         if len(rows) == 0:
             raise UserError(f"--prepared_data {d} has no train rows of {length} tokens; prepare more text")
-    names = [_name(d) for d in directories]
-    if len(set(names)) < len(names):  # directories of one name in different places
-        names = [f"{name}_{i + 1}" for i, name in enumerate(names)]
+    names = unique_names([os.path.basename(os.path.normpath(d)) for d in directories])
     out["train"] = trains[0] if len(trains) == 1 else Mixture(
         trains, weights or [len(t) for t in trains], names, "--prepared_data_weights", "--prepared_data")
     if include_test and "test" not in out:
@@ -204,8 +202,3 @@ def _checked_splits(directories, tokenizer, function, length, verify, keep_lineb
                 out.setdefault(split, []).extend((d, s) for s in shards)
     return out
 
-
-def _name(directory):
-    """A source's name in metrics.jsonl: the directory's name, letters, digits and _ only."""
-    base = os.path.basename(os.path.normpath(directory))
-    return "".join(c if c.isalnum() else "_" for c in base) or "prepared"

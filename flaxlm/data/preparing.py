@@ -26,7 +26,7 @@ import numpy as np
 
 from flaxlm.data import prepared
 from flaxlm.data.rows import GROUP_BATCH, jax_started, rows_of_batch
-from flaxlm.data.text import file_list, iter_texts
+from flaxlm.data.text import file_list, iter_texts, one_dataset
 from flaxlm.errors import UserError
 
 PLAN = "prepare.json"  # the settings of a preparation under way (a rerun must have the same to continue it)
@@ -58,7 +58,8 @@ def check_output_dir(out_dir):
 def describe_sources(source):
     """The text sources a manifest records: each file with its size and mtime, or the hub dataset's name."""
     if source.dataset_name:
-        out = [{"dataset": source.dataset_name, "config": source.dataset_config_name}]
+        name, config = one_dataset(source)
+        out = [{"dataset": name, "config": config}]
     else:
         out = []
     for flag in ("train_file", "validation_file", "test_file"):

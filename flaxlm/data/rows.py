@@ -131,27 +131,36 @@ def from_text(raw: dict, make_rows, length: int, *, num_workers=None, overwrite_
     starts its batches afresh. A Dataset's rows come back cached by `datasets`, keyed by the text's fingerprint,
     the fingerprint of make_rows (its code, the helpers it calls and the values it holds, a tokenizer by its
     tokenizer.json: flaxlm.data.fingerprint) and GROUP_BATCH; overwrite_cache makes them anew. They are in numpy
-    format: ds[idx]["input_ids"] is int32 [len(idx), length]. An IterableDataset gives StreamedRows.
-    max_train_samples / max_eval_samples keep the first rows of the train / validation and test splits."""
+    format: ds[idx]["input_ids"] is int32 [len(idx), length]. An IterableDataset gives StreamedRows; a Mixture of
+    texts (flaxlm.data.text_mixture) the Mixture of their rows. max_train_samples / max_eval_samples keep the first
+    rows of the train (of each mixed source) / validation and test splits."""
     limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
     job = functools.partial(rows_of_batch, make_rows=make_rows, length=length)
-    out, key = {}, None
+    key = fingerprint(job) if any(not isinstance(ds, datasets.IterableDataset) for ds in raw.values()) else None
+    out = {}
     for split, ds in raw.items():
-        if isinstance(ds, datasets.IterableDataset):
-            rows = StreamedRows(ds, make_rows, length, max_rows=limits.get(split))
-            empty = next(iter(rows), None) is None
-        else:
-            key = key or fingerprint(job)
-            rows = _cached_rows(ds, job, Hasher.hash([ds._fingerprint, key, GROUP_BATCH]), num_workers,
-                                overwrite_cache)
-            if limits.get(split) is not None:
-                rows = rows.select(range(min(limits[split], len(rows))))
-            empty = len(rows) == 0
-        if empty:
-            raise UserError(f"the {split} text yields no full block of {length} tokens; "
-                            f"lower --max_seq_length or add text")
-        out[split] = rows
+        rows_of = functools.partial(_split_rows, split=split, limit=limits.get(split), job=job, key=key,
+                                    num_workers=num_workers, overwrite_cache=overwrite_cache)
+        mixed = hasattr(ds, "map_sources")  # a mixture of texts: the mixture of each source's rows
+        out[split] = ds.map_sources(rows_of) if mixed else rows_of(ds)
     return out
+
+
+def _split_rows(ds, split, limit, job, key, num_workers, overwrite_cache):
+    """The rows of one split's text (from_text), at most `limit`."""
+    length = job.keywords["length"]
+    if isinstance(ds, datasets.IterableDataset):
+        rows = StreamedRows(ds, job.keywords["make_rows"], length, max_rows=limit)
+        empty = next(iter(rows), None) is None
+    else:
+        rows = _cached_rows(ds, job, Hasher.hash([ds._fingerprint, key, GROUP_BATCH]), num_workers, overwrite_cache)
+        if limit is not None:
+            rows = rows.select(range(min(limit, len(rows))))
+        empty = len(rows) == 0
+    if empty:
+        raise UserError(f"the {split} text yields no full block of {length} tokens; "
+                        f"lower --max_seq_length or add text")
+    return rows
 
 
 def _cached_rows(ds, job, cache_key, num_workers, overwrite_cache):
@@ -376,21 +385,27 @@ def _filled(example, n, value):
 
 def run_rows(data, args, global_batch):
     """(train rows by step, validation rows or None, test rows or None, total steps) of a run from from_text's
-    output: the training rows shuffled (held in memory up to MATERIALIZE_BYTES) or streamed, the held-out ones
-    as numpy (held_out_rows); prepared rows (--prepared_data) stay on disk, read a batch at a time."""
+    output: the training rows shuffled (held in memory up to MATERIALIZE_BYTES; a mixture's: each source's) or
+    streamed, the held-out ones as numpy (held_out_rows); prepared rows (--prepared_data) stay on disk, read a batch
+    at a time."""
     train = data["train"]
     if isinstance(train, StreamedRows):
         train_rows = train.batched(global_batch)
     elif hasattr(train, "rows_at"):  # prepared rows, read from disk a batch at a time
         train_rows = ShuffledRows(train, global_batch, args.seed)
     elif hasattr(train, "rows_by_step"):  # a mixture of sources (flaxlm.data.mixture)
-        train_rows = train.rows_by_step(global_batch, args.seed)
+        train_rows = train.map_sources(in_memory).rows_by_step(global_batch, args.seed)
     else:
-        if len(train) * len(train[0]["input_ids"]) * 4 <= MATERIALIZE_BYTES:
-            train = as_numpy_rows(train)
-        train_rows = ShuffledRows(train, global_batch, args.seed)
+        train_rows = ShuffledRows(in_memory(train), global_batch, args.seed)
     eval_rows = held_out_rows(data.get("validation"))
     return train_rows, eval_rows, held_out_rows(data.get("test")), total_train_steps(args, train_rows)
+
+
+def in_memory(rows):
+    """A tokenized Dataset's rows as numpy when they take at most MATERIALIZE_BYTES; other rows as they are."""
+    if isinstance(rows, datasets.Dataset) and len(rows) * len(rows[0]["input_ids"]) * 4 <= MATERIALIZE_BYTES:
+        return as_numpy_rows(rows)
+    return rows
 
 
 def held_out_rows(rows):

@@ -68,7 +68,7 @@ def _read_splits(source, include_test):
     where = {}
     if source.dataset_name:
         splits = data.load_hub(source)
-        where = {s: f"dataset {source.dataset_name} ({s})" for s in splits}
+        where = {s: f"dataset {data.one_dataset(source)[0]} ({s})" for s in splits}
     else:
         splits = {"train": data.load_files(source.train_file, "--train_file", source)}
     for split, flag in (("validation", "validation_file"), ("test", "test_file")):

@@ -56,7 +56,7 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, kee
 def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, include_test):
     """load_raw_text after its checks of the options."""
     if src.dataset_name:
-        where = f"dataset {src.dataset_name}"
+        where = f"dataset {one_dataset(src)[0]}"
         splits = load_hub(src)
     else:
         where = f"--train_file {', '.join(src.train_file)}"
@@ -70,7 +70,7 @@ def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, includ
     raw = {"train": _text_only(splits["train"], src, where)}
     if "validation" in splits:
         val_where = (f"--validation_file {', '.join(src.validation_file)}" if src.validation_file
-                     else f"dataset {src.dataset_name}")
+                     else where)
         raw["validation"] = _text_only(splits["validation"], src, val_where)
     elif validation_split_percentage > 0:
         raw["train"], raw["validation"] = hold_out(raw["train"], validation_split_percentage, seed, where)
@@ -194,16 +194,36 @@ def load_files(files, flag, src, keep_linebreaks=False):
                         f"fix the file or its extension") from None
 
 
+def datasets_named(src):
+    """[(name, config)] of --dataset_name and --dataset_config_name (one config per name, or none); a name given as
+    a string (options built in code) is one dataset."""
+    names, configs = ([x] if isinstance(x, str) else list(x or [])
+                      for x in (src.dataset_name, src.dataset_config_name))
+    if configs and len(configs) != len(names):
+        raise UserError(f"--dataset_config_name gives {len(configs)} configurations for {len(names)} datasets; give "
+                        f"one per --dataset_name, in the same order ('default' for a dataset without any)")
+    return list(zip(names, configs or [None] * len(names)))
+
+
+def one_dataset(src):
+    """(name, config) of the one dataset that --dataset_name names; a UserError when it names several."""
+    named = datasets_named(src)
+    if len(named) > 1:
+        raise UserError(f"--dataset_name names {len(named)} datasets but this reads one; mix several with "
+                        f"--dataset_weights (run_mlm_flax.py, run_clm_flax.py, run_t5_mlm_flax.py), or pass one")
+    return named[0]
+
+
 def load_hub(src):
-    """{split: dataset} of --dataset_name / --dataset_config_name through `datasets`."""
+    """{split: dataset} of --dataset_name / --dataset_config_name (one dataset) through `datasets`."""
+    name, config = one_dataset(src)
     try:
-        splits = datasets.load_dataset(src.dataset_name, src.dataset_config_name, cache_dir=src.cache_dir,
-                                       streaming=src.streaming)
+        splits = datasets.load_dataset(name, config, cache_dir=src.cache_dir, streaming=src.streaming)
     except Exception as e:  # offline, unknown name, missing config, ...
-        raise UserError(f"could not load dataset {src.dataset_name} ({_first_line(e)}); "
+        raise UserError(f"could not load dataset {name} ({_first_line(e)}); "
                         f"check the name and your network, or pass --train_file") from None
     if "train" not in splits:
-        raise UserError(f"dataset {src.dataset_name} has no 'train' split (it has {', '.join(splits)}); "
+        raise UserError(f"dataset {name} has no 'train' split (it has {', '.join(splits)}); "
                         f"pass --train_file instead")
     return {k: splits[k] for k in ("train", "validation", "test") if k in splits}
 
