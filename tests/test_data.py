@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from flaxlm.config.options import TextSourceArgs
+from flaxlm.data import rows as rows_module
 from flaxlm.data.rows import GROUP_BATCH, as_numpy_rows, blocks, from_text, iter_rows, lines
 from flaxlm.data.text import iter_texts, load_raw_text
 from flaxlm.errors import UserError
@@ -278,3 +279,36 @@ def test_shared_text_blocks(shared_data, tmp_path, tokenizer):
     assert set(out) == {"train", "validation"}
     texts = raw["train"]["text"][:]
     np.testing.assert_array_equal(as_numpy_rows(out["train"]), expected_blocks(tokenizer, texts, 64))
+
+
+def test_streaming_resumes_at_its_position_without_tokenizing_the_text_before(tmp_path, tokenizer, monkeypatch):
+    """A stream started at a saved position (across passes over it, with a held-out split) gives the rows the
+    uninterrupted stream gave, and tokenizes only the texts from the position's batch of texts on."""
+    monkeypatch.setattr(rows_module, "GROUP_BATCH", 40)
+    s = src(tmp_path, train_file=[write(tmp_path / f"{i}.txt", corpus(120, seed=i)) for i in range(3)],
+            streaming=True)
+    tokenized = []
+
+    def stream():
+        def counted(texts):
+            tokenized.append(len(texts))
+            return blocks(tokenizer, 24)(texts)
+        return from_text(load_raw_text(s, 10), counted, 24)["train"].batched(7)
+
+    texts_per_pass = sum(len(b) for b in iter_texts(load_raw_text(s, 10)["train"]))
+    straight, want, at = stream(), [], {}
+    tokenized.clear()
+    for step in range(40):
+        want.append(straight.batch_rows(step, slice(None)))
+        at[step + 1] = json.loads(json.dumps(straight.position_after(step + 1)))  # as the checkpoint keeps it
+    read_straight = sum(tokenized)
+    assert at[40]["pass"] >= 1
+    for step in (3, 17, *(t for t in range(2, 40) if at[t]["pass"] > at[t - 1]["pass"]), 39):
+        resumed = stream()
+        tokenized.clear()
+        resumed.resume_at(step, at[step])
+        np.testing.assert_array_equal(np.stack([resumed.batch_rows(t, slice(None)) for t in range(step, 40)]),
+                                      np.stack(want[step:]))
+        assert sum(tokenized) == read_straight - at[step]["pass"] * texts_per_pass - at[step]["texts"]
+    old_checkpoint = stream()  # no position saved: the text before the step is read and tokenized again
+    np.testing.assert_array_equal(old_checkpoint.batch_rows(17, slice(None)), want[17])

@@ -222,18 +222,31 @@ def test_unknown_flag_and_bad_yaml_are_one_line(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1 and "learning_rat" in proc.stderr
 
 
-def test_streaming_run_trains_and_resumes_in_step_order(model_dir, corpus, tmp_path):
+def test_streaming_run_trains_and_resumes_in_step_order(model_dir, corpus, tmp_path, monkeypatch):
+    from flaxlm.data import rows
+    monkeypatch.setattr(rows, "GROUP_BATCH", 2)  # several batches of texts before the checkpoint
+    train_lines = set(open(corpus["train"], encoding="utf-8").read().splitlines())
+    tokenized = []  # the training texts each run tokenizes
+    make_rows = rows.rows_of_batch
+    monkeypatch.setattr(rows, "rows_of_batch", lambda batch, *a, **kw: (
+        tokenized.extend(t for t in batch["text"] if t in train_lines), make_rows(batch, *a, **kw))[1])
     common = ("--streaming", "--max_steps", "4", "--save_steps", "2", "--eval_steps", "4", "--max_eval_samples", "8")
     run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "s", *common))
     straight = read_metrics(tmp_path / "s")
     assert [r["step"] for r in straight] == [1, 2, 3, 4] and len(read_metrics(tmp_path / "s", "eval")) == 1
-    # resume from step 2 in a copy of the run: the stream skips the rows already used
+    # resume from step 2 in a copy of the run: the stream starts at the position the checkpoint saved
     import shutil
     shutil.copytree(tmp_path / "s", tmp_path / "r")
     shutil.rmtree(tmp_path / "r" / "checkpoints" / "4")
+    with open(tmp_path / "r" / "checkpoints" / "2" / "meta" / "metadata") as f:
+        at = json.load(f)["stream_position"]
+    assert at["pass"] == 0 and at["texts"] >= 2 * rows.GROUP_BATCH
+    read_straight, tokenized[:] = len(tokenized), []
     run_mlm_flax.main(run_args(model_dir, corpus, tmp_path / "r", *common, "--resume_from_checkpoint", "latest"))
     resumed = [r for r in read_metrics(tmp_path / "r") if r["step"] > 2][-2:]
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight[2:]], rel=1e-6)
+    # the texts before the position's batch are not tokenized again (the first batch is, once: the emptiness check)
+    assert len(tokenized) == read_straight - at["texts"]
 
 
 def test_continue_a_hugging_face_checkpoint_with_adafactor_in_bf16(model_dir, corpus, tmp_path):

@@ -16,9 +16,11 @@ function, or to a helper it calls, makes the rows anew. With --streaming the row
 
 The loop asks for the rows of each step: ShuffledRows gives epochs over fixed rows in a seeded order (the rows
 of any step are known without reading the steps before it), StreamedRows the rows of a stream in order (a
-resumed run skips the rows already consumed); both hand each process only its slice of the global batch.
+resumed run starts at the stream position its checkpoint saved); both hand each process only its slice of the
+global batch.
 """
 import contextlib
+import copy
 import functools
 import itertools
 import sys
@@ -226,10 +228,13 @@ class StreamedRows:
     Host memory stays flat: one batch of GROUP_BATCH texts and its rows are held at a time
     (`peak_buffered_tokens` records the most row tokens held at once; a block's cut-off remainder
     adds less than one row). Iterating gives one pass; iterating again restarts the stream.
-    rows(skip=n) re-reads and re-tokenizes the text before row n but yields nothing from it, so a resumed run
-    gets the same rows that follow. For the training loop, batched(global_batch) reads epochs over the stream
-    in global batches, asked for in step order; a stream cannot be entered in the middle of a batch, so every
-    process reads the global batch and keeps its slice.
+    rows(skip=n) re-reads and re-tokenizes the text before row n but yields nothing from it.
+    For the training loop, batched(global_batch) reads epochs over the stream in global batches, asked for in
+    step order; a stream cannot be entered in the middle of a batch, so every process reads the global batch and
+    keeps its slice. position_after(step) is where the stream stands after a step's rows (the checkpoint keeps
+    it), and resume_at(step, position) starts there: the texts before the position's batch of texts are skipped
+    by `datasets` (IterableDataset.load_state_dict: whole files, then whole Arrow tables) without being
+    tokenized, that batch is tokenized again and the rows already taken from it are dropped.
     """
     steps_per_epoch = None  # unknown: a stream has no known length
 
@@ -238,24 +243,40 @@ class StreamedRows:
         self.global_batch = global_batch
         self.peak_buffered_tokens = 0
         self._epochs, self._next_step = None, None
+        self._position, self._resume = None, None  # after the rows served so far; (step, position) to start at
 
     def __iter__(self):
         return self.rows()
 
     def rows(self, skip: int = 0):
         """Rows (int32 [L]) of one pass over the stream, starting after `skip` rows."""
-        seen = 0  # rows made so far, skipped or not
-        for texts in iter_texts(self.ds, GROUP_BATCH):
+        return (row for row, _ in self._pass(skip=skip))
+
+    def _pass(self, start=None, skip=0):
+        """(row, position after it) of one pass over the stream, from the position `start` (None: the beginning),
+        then after `skip` rows. A position within a pass: {"texts": texts before the current batch of texts,
+        "rows": rows of the pass up to here, "taken": of those, the ones from the current batch, "stream":
+        datasets' state_dict before that batch (None at the beginning)}."""
+        ds, before, texts, seen, taken = self.ds, None, 0, 0, 0
+        if start is not None and start["stream"] is not None:
+            ds = copy.deepcopy(self.ds)  # a loaded state holds for every later pass of the dataset (and its parts)
+            ds.load_state_dict(start["stream"])
+            before, texts = start["stream"], start["texts"]
+        if start is not None:
+            seen, taken = start["rows"] - start["taken"], start["taken"]
+        for batch in iter_texts(ds, GROUP_BATCH):
             if self.max_rows is not None and seen >= self.max_rows:
                 return
-            made = rows_of_batch({"text": texts}, self.make_rows, self.length)
+            made = rows_of_batch({"text": batch}, self.make_rows, self.length)
             if len(made) > 1:
                 raise UserError("rows of several columns (packed lines) need a cached dataset; drop --streaming")
             rows = made["input_ids"]
             self.peak_buffered_tokens = max(self.peak_buffered_tokens, rows.size)
             end = len(rows) if self.max_rows is None else min(len(rows), self.max_rows - seen)
-            yield from rows[max(0, skip - seen):end]
-            seen += len(rows)
+            for i in range(max(taken, skip - seen), end):
+                yield rows[i], {"texts": texts, "rows": seen + i + 1, "taken": i + 1, "stream": before}
+            seen, texts, taken = seen + len(rows), texts + len(batch), 0
+            before = ds.state_dict()  # the stream after this batch of texts, before the next
 
     def batched(self, global_batch):
         """These rows for the training loop, in global batches of global_batch rows."""
@@ -264,25 +285,37 @@ class StreamedRows:
     def epoch_of(self, step):
         return 0
 
+    def resume_at(self, step, position):
+        """Start the rows of `step` at `position` (position_after(step) of an earlier run)."""
+        self._resume = (step, position)
+
+    def position_after(self, step):
+        """Where the stream stands after the rows of the steps before `step` (the last ones served): a small
+        JSON-able dict, {"pass": passes over the stream before this one, **_pass's position}."""
+        return self._position if self._next_step == step else None
+
     def batch_rows(self, step, local):
         """The rows (this process's slice `local` of the global batch) for 0-based `step`."""
         if self._next_step != step:
-            self._epochs = self._rows_from(step * self.global_batch)
+            at = self._resume[1] if self._resume and self._resume[0] == step else None
+            self._epochs = self._rows_from(at, skip=0 if at else step * self.global_batch)
         rows = [next(self._epochs) for _ in range(self.global_batch)]
         self._next_step = step + 1
         return np.stack(rows)[local].astype(np.int32)
 
-    def _rows_from(self, skip):
-        """Rows from row `skip` on, running over the stream again each time it ends."""
-        first = True
+    def _rows_from(self, position=None, skip=0):
+        """Rows from `position` on, then after `skip` rows (re-reading and re-tokenizing the text before them),
+        running over the stream again each time it ends; self._position follows the rows given."""
+        passes = position["pass"] if position else 0
         while True:
             got = False
-            for row in self.rows(skip=skip if first else 0):
+            for row, at in self._pass(position, skip):
                 got = True
+                self._position = {"pass": passes, **at}
                 yield row
-            if not got and not first:
+            if not got and position is None and skip == 0:
                 raise UserError("the training stream yields no rows; check --train_file / --dataset_name")
-            first = False
+            position, skip, passes = None, 0, passes + 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,7 +33,11 @@ class Saver:
                             f"{meta.get('num_train_rows')} training rows, this run has {self.global_batch} over "
                             f"{rows}; resume with the same data and batch flags")
         self.seed = meta["seed"]
-        say(f"resumed from step {start} of {resume_dir} (epoch {meta['epoch']}, seed {self.seed})")
+        at = meta.get("stream_position")
+        if at and hasattr(self.train_rows, "resume_at"):  # --streaming: the texts before it are not read again
+            self.train_rows.resume_at(start, at)
+        stream = f", the stream at text {at['texts']} of pass {at['pass'] + 1}" if at else ""
+        say(f"resumed from step {start} of {resume_dir} (epoch {meta['epoch']}, seed {self.seed}{stream})")
         return start, state
 
     def due(self, step, total_steps):
@@ -44,6 +48,8 @@ class Saver:
         meta = {"step": step, "epoch": self.train_rows.epoch_of(step), "seed": self.seed,
                 "global_batch": self.global_batch, "num_train_rows": self._num_train_rows(),
                 "rows_consumed": step * self.global_batch}
+        if hasattr(self.train_rows, "position_after"):  # --streaming: where the stream stands
+            meta["stream_position"] = self.train_rows.position_after(step)
         self.checkpointer.save(step, state, meta)
 
     def stop(self, signal_name, step, total_steps, state, progress):
