@@ -2,7 +2,9 @@
 coordinator, from the --coordinator_address/--num_processes/--process_id flags) gives the per-step train
 and eval losses of 1 process of 8 devices for the same global batch and seed. Covers each process reading
 only its rows (train, gradient accumulation, eval), the global batch assembled across processes, logs
-from process 0 only and checkpoints written by both processes together."""
+from process 0 only and checkpoints written by both processes together. prepare_data.py on 2 processes: each
+prepares its share of the jobs into one directory, equal to 1 process's, and training on it gives 1 process's
+losses."""
 import json
 import os
 import re
