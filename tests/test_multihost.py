@@ -98,7 +98,6 @@ def test_incomplete_process_flags_are_a_user_error():
     maybe_initialize_distributed(SimpleNamespace(coordinator_address=None, num_processes=None, process_id=None))
 
 
-
 def prepare_args(model_dir, corpus, out, *flags):
     """run_clm_flax.py's rows (documents of 32 tokens) of the corpus."""
     return ["--objective", "clm", "--tokenizer_name", model_dir, "--train_file", corpus["train"],
@@ -144,6 +143,7 @@ def test_2_processes_prepare_disjoint_shares_equal_to_1_process_of_2_workers(pod
     assert {f.name: f.stat().st_mtime_ns for f in continued.iterdir()} == files  # 1 job: refused, nothing touched
     prepare_data.main(prepare_args(model_dir, corpus, continued, "--preprocessing_num_workers", "2"))
     assert (continued / "train-000-00000.input_ids").stat().st_mtime_ns == files["train-000-00000.input_ids"]
+    assert (continued / "train-001-00000.input_ids").stat().st_mtime_ns != files["train-001-00000.input_ids"]
     assert json.loads((continued / "manifest.json").read_text()) == manifest
 
 
