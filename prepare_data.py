@@ -9,11 +9,12 @@ in --output_dir, with a manifest.json. --preprocessing_num_workers N runs N proc
 training script's --preprocessing_num_workers N). Interrupted? Run the same command again: finished shards
 are kept.
 
-On a pod, run the same command on every host (with the training scripts' --coordinator_address/--num_processes/
---process_id, or the environment a TPU pod or SLURM gives: JAX's distributed runtime) into one --output_dir that
-every host mounts (NFS, a bucket): the text is cut into workers x processes jobs per split, each process tokenizes
-its contiguous block of them with its N workers, and process 0 writes the manifest once all have finished. The
-rows are those of one process with workers x processes workers.
+On a pod, run the same command on every host (joined by JAX's distributed runtime: the environment of a TPU pod
+or SLURM, or the training scripts' --coordinator_address, --num_processes and --process_id) into one --output_dir
+that every host mounts (NFS, a bucket): the text is cut into workers x processes jobs per split, each process
+tokenizes its contiguous block of them with its N workers, and process 0 writes the manifest once all have
+finished. The rows are those of one process with workers x processes workers. (--streaming: a split is one job,
+made by process 0.)
 
     python prepare_data.py --objective mlm --tokenizer_name MODEL_DIR --train_file corpus.txt \
         --max_seq_length 128 --output_dir prepared/ --preprocessing_num_workers 4
