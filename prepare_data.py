@@ -9,6 +9,13 @@ in --output_dir, with a manifest.json. --preprocessing_num_workers N runs N proc
 training script's --preprocessing_num_workers N). Interrupted? Run the same command again: finished shards
 are kept.
 
+On a pod, run the same command on every host (joined by JAX's distributed runtime: the environment of a TPU pod
+or SLURM, or the training scripts' --coordinator_address, --num_processes and --process_id) into one --output_dir
+that every host mounts (NFS, a bucket): the text is cut into workers x processes jobs per split, each process
+tokenizes its contiguous block of them with its N workers, and process 0 writes the manifest once all have
+finished. The rows are those of one process with workers x processes workers. (--streaming: a split is one job,
+made by process 0.)
+
     python prepare_data.py --objective mlm --tokenizer_name MODEL_DIR --train_file corpus.txt \
         --max_seq_length 128 --output_dir prepared/ --preprocessing_num_workers 4
     python run_mlm_flax.py --prepared_data prepared/ --config_name MODEL_DIR --tokenizer_name MODEL_DIR ...
@@ -18,20 +25,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import (CausalLMArgs, DataArgs, MaskedLMArgs, PrepareArgs, SpanCorruptionArgs,  # noqa: E402
-                                   TextSourceArgs)
+from flaxlm.config.options import (CausalLMArgs, DataArgs, MaskedLMArgs, MultiHostArgs, PrepareArgs,  # noqa: E402
+                                   SpanCorruptionArgs, TextSourceArgs)
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 
 
 def main(argv=None):
-    source, data_args, mlm_args, clm_args, span_args, prep = parse_args(
-        TextSourceArgs, DataArgs, MaskedLMArgs, CausalLMArgs, SpanCorruptionArgs, PrepareArgs, argv=argv,
-        prog="prepare_data.py", description=__doc__)
+    source, data_args, mlm_args, clm_args, span_args, prep, pod = parse_args(
+        TextSourceArgs, DataArgs, MaskedLMArgs, CausalLMArgs, SpanCorruptionArgs, PrepareArgs, MultiHostArgs,
+        argv=argv, prog="prepare_data.py", description=__doc__)
     from flaxlm.data import prepared, preparing
     from flaxlm.data.text import load_raw_text
     from flaxlm.tokenization.loading import load_tokenizer
+    from flaxlm.training.mesh import join_processes, sync_processes
 
+    process, processes = join_processes(pod)
     preparing.check_output_dir(prep.output_dir)  # before any reading
     tokenizer = load_tokenizer(prep.tokenizer_name)
     keep_linebreaks = prep.objective == "clm" and clm_args.keep_linebreaks
@@ -39,7 +48,7 @@ def main(argv=None):
                         include_test=bool(source.test_file))
     function, make_rows, length = row_function(prep.objective, tokenizer, raw, data_args, mlm_args, clm_args,
                                                span_args)
-    plan = preparing.plan_jobs(raw, data_args.preprocessing_num_workers)
+    plan = preparing.plan_jobs(raw, (data_args.preprocessing_num_workers or 1) * processes)
     columns = ["input_ids", "segment_ids"] if function == "lines" and make_rows.keywords["pack"] else ["input_ids"]
     about = {"tokenizer": prepared.tokenizer_identity(tokenizer, prep.tokenizer_name),
              "rows": {"function": function, "length": length, "columns": columns, "keep_linebreaks": keep_linebreaks},
@@ -47,11 +56,32 @@ def main(argv=None):
              "text": {"validation_split_percentage": data_args.validation_split_percentage, "seed": prep.seed,
                       "text_column": source.text_column, "streaming": source.streaming},
              "jobs": plan}
-    preparing.start_or_continue(prep.output_dir, about)
-    manifest = preparing.prepare(prep.output_dir, raw, plan, make_rows, length, about,
-                                 num_workers=data_args.preprocessing_num_workers,
-                                 shard_bytes=int(prep.shard_size_mb * (1 << 20)))
-    print(preparing.summary(prep.output_dir, manifest), flush=True)
+    start(prep.output_dir, about, process, processes)
+    jobs = preparing.share(plan, process, processes)
+    if processes > 1:
+        print(f"process {process} of {processes} prepares {preparing.describe_share(plan, jobs)}", flush=True)
+    preparing.prepare(prep.output_dir, raw, plan, make_rows, length, about, jobs=jobs,
+                      num_workers=data_args.preprocessing_num_workers, shard_bytes=int(prep.shard_size_mb * (1 << 20)))
+    if processes > 1:
+        sync_processes("flaxlm prepare_data: every job finished")
+    if process == 0:
+        manifest = preparing.write_manifest(prep.output_dir, plan, about)
+        print(preparing.summary(prep.output_dir, manifest), flush=True)
+
+
+def start(out_dir, about, process, processes):
+    """Start the preparation in out_dir or check that the one under way there has these settings: on a pod, every
+    process checks before process 0 writes, and none makes a shard before that (a rerun finds the plan)."""
+    from flaxlm.data import preparing
+    from flaxlm.training.mesh import sync_processes
+    if processes == 1:
+        preparing.start_or_continue(out_dir, about)
+        return
+    preparing.start_or_continue(out_dir, about, write=False)
+    sync_processes("flaxlm prepare_data: settings checked")
+    if process == 0:
+        preparing.start_or_continue(out_dir, about)
+    sync_processes("flaxlm prepare_data: started")
 
 
 def row_function(objective, tokenizer, raw, data_args, mlm_args, clm_args, span_args):

@@ -2,8 +2,12 @@
 coordinator, from the --coordinator_address/--num_processes/--process_id flags) gives the per-step train
 and eval losses of 1 process of 8 devices for the same global batch and seed. Covers each process reading
 only its rows (train, gradient accumulation, eval), the global batch assembled across processes, logs
-from process 0 only and checkpoints written by both processes together."""
+from process 0 only and checkpoints written by both processes together. prepare_data.py on 2 processes: each
+prepares its share of the jobs into one directory, equal to 1 process's, and training on it gives 1 process's
+losses."""
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +16,8 @@ import numpy as np
 import pytest
 
 import run_clm_flax
-from run_helpers import free_port, read_metrics
+from flaxlm.errors import UserError
+from run_helpers import expect_user_error, free_port, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -34,12 +39,12 @@ def run_args(model_dir, corpus, out):
             "--save_steps", "2", "--seed", "3", "--peak_flops", "1e12"]
 
 
-def run_two_processes(args, timeout=300):
-    """run_clm_flax.py args as processes 0 and 1 of a 2-process run, 4 CPU devices each."""
+def run_two_processes(args, timeout=300, script="run_clm_flax.py"):
+    """`script` args as processes 0 and 1 of a 2-process run, 4 CPU devices each; their outputs."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": ROOT}
     address = f"localhost:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "run_clm_flax.py"), *args,
+    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args,
                                "--coordinator_address", address, "--num_processes", "2", "--process_id", str(i)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
@@ -91,3 +96,66 @@ def test_incomplete_process_flags_are_a_user_error():
         maybe_initialize_distributed(SimpleNamespace(coordinator_address="localhost:1234", num_processes=2,
                                                      process_id=2))
     maybe_initialize_distributed(SimpleNamespace(coordinator_address=None, num_processes=None, process_id=None))
+
+
+def prepare_args(model_dir, corpus, out, *flags):
+    """run_clm_flax.py's rows (documents of 32 tokens) of the corpus."""
+    return ["--objective", "clm", "--tokenizer_name", model_dir, "--train_file", corpus["train"],
+            "--validation_file", corpus["validation"], "--block_size", "32", "--output_dir", str(out), *flags]
+
+
+@pytest.fixture(scope="module")
+def pod_prepared(model_dir, corpus, tmp_path_factory):
+    """prepare_data.py run by 2 processes of 1 worker each into one directory: (directory, their outputs)."""
+    out = tmp_path_factory.mktemp("pod") / "prepared"
+    return out, run_two_processes(prepare_args(model_dir, corpus, out), script="prepare_data.py")
+
+
+def test_2_processes_prepare_disjoint_shares_equal_to_1_process_of_2_workers(pod_prepared, model_dir, corpus,
+                                                                              tmp_path):
+    """Each process tokenizes its half of the jobs (2 per split), process 0 writes the manifest: the manifest and
+    shards of 1 process with 2 workers. The same job count continues the preparation on any split (an interrupted
+    process's job is made again, the finished ones kept); another job count is refused, nothing deleted."""
+    import prepare_data
+    from flaxlm.data import preparing
+    pod, (first, second) = pod_prepared
+    assert "process 0 of 2 prepares train jobs 0-0 of 2, validation jobs 0-0 of 2" in first
+    assert "process 1 of 2 prepares train jobs 1-1 of 2, validation jobs 1-1 of 2" in second
+    assert "prepared rows of 32 tokens" in first and "prepared rows" not in second  # one manifest writer
+    prepare_data.main(prepare_args(model_dir, corpus, tmp_path / "one", "--preprocessing_num_workers", "2"))
+    manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    assert json.loads((pod / "manifest.json").read_text()) == manifest
+    shards = [s for split in manifest["splits"].values() for s in split]
+    for s in shards:
+        name = f"{s['name']}.input_ids"
+        assert (pod / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    made = [int(re.search(r"into ([\d,]+) row tokens", text).group(1).replace(",", "")) for text in (first, second)]
+    assert made == [sum(s["tokens"] for s in shards if f"-{job:03d}-" in s["name"]) for job in (0, 1)]
+
+    continued = tmp_path / "continued"
+    shutil.copytree(pod, continued)
+    (continued / "train-001-00000.json").unlink()  # process 1 stopped before finishing its train job
+    about = json.loads((continued / "prepare.json").read_text())
+    with pytest.raises(UserError, match=r"lacks finished shards of train job\(s\) \[1\]: on a multi-host run"):
+        preparing.write_manifest(str(continued), about["jobs"], about)
+    files = {f.name: f.stat().st_mtime_ns for f in continued.iterdir()}
+    expect_user_error(prepare_data.main, prepare_args(model_dir, corpus, continued), r"differ in jobs")
+    assert {f.name: f.stat().st_mtime_ns for f in continued.iterdir()} == files  # 1 job: refused, nothing touched
+    prepare_data.main(prepare_args(model_dir, corpus, continued, "--preprocessing_num_workers", "2"))
+    assert (continued / "train-000-00000.input_ids").stat().st_mtime_ns == files["train-000-00000.input_ids"]
+    assert (continued / "train-001-00000.input_ids").stat().st_mtime_ns != files["train-001-00000.input_ids"]
+    assert json.loads((continued / "manifest.json").read_text()) == manifest
+
+
+def test_2_processes_train_on_prepared_rows_like_1(pod_prepared, model_dir, corpus, tmp_path):
+    """run_clm_flax.py --prepared_data on 2 processes: the train and eval losses of 1 process."""
+    def train_args(out):
+        args = run_args(model_dir, corpus, out) + ["--max_steps", "2", "--save_steps", "100"]
+        i = args.index("--train_file")
+        return args[:i] + ["--prepared_data", str(pod_prepared[0])] + args[i + 4:]
+
+    run_clm_flax.main(train_args(tmp_path / "one"))
+    run_two_processes(train_args(tmp_path / "two"))
+    one, two = (read_metrics(tmp_path / out) + read_metrics(tmp_path / out, "eval") for out in ("one", "two"))
+    assert [r["step"] for r in two] == [1, 2, 2]
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-5)

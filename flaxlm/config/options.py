@@ -227,7 +227,20 @@ class CausalLMArgs:
 
 
 @dataclass
-class TrainingArgs:
+class MultiHostArgs:
+    """The processes of a multi-host run (JAX's distributed runtime): the training scripts and prepare_data.py."""
+    coordinator_address: str | None = option(key="runtime.coordinator_address",
+                                             help="multi-host run: HOST:PORT of process 0's coordinator (default: "
+                                                  "found from the environment on TPU pods and SLURM)")
+    num_processes: int | None = option(key="runtime.num_processes",
+                                       help="multi-host run: how many processes (with --coordinator_address)")
+    process_id: int | None = option(key="runtime.process_id",
+                                    help="multi-host run: this process's index, 0 to num_processes-1 (with "
+                                         "--coordinator_address)")
+
+
+@dataclass
+class TrainingArgs(MultiHostArgs):
     output_dir: str = required(set_by="--model_dir", help="where checkpoints, logs and the exported model go")
     max_steps: int = option(-1, key="trainer.train_steps",
                             help="optimizer steps to train; overrides --num_train_epochs")
@@ -321,14 +334,6 @@ class TrainingArgs:
     sharding: str = option("data", choices=("data", "fsdp"), key="runtime.sharding",
                            help="data: every device holds the whole params and optimizer state; fsdp: their large "
                                 "arrays are split over the devices (models too big to replicate)")
-    coordinator_address: str | None = option(key="runtime.coordinator_address",
-                                             help="multi-host run: HOST:PORT of process 0's coordinator (default: "
-                                                  "found from the environment on TPU pods and SLURM)")
-    num_processes: int | None = option(key="runtime.num_processes",
-                                       help="multi-host run: how many processes (with --coordinator_address)")
-    process_id: int | None = option(key="runtime.process_id",
-                                    help="multi-host run: this process's index, 0 to num_processes-1 (with "
-                                         "--coordinator_address)")
 
 
 @dataclass

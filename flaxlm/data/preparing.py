@@ -2,6 +2,7 @@
 
     plan = plan_jobs(raw, num_workers)                 # each split cut as the training scripts cut it
     prepare(out_dir, raw, plan, make_rows, length, about, num_workers=4)
+    write_manifest(out_dir, plan, about)
 
 The rows equal the ones the training script makes from the same text and options: the splits come from the same
 load_raw_text; a split's texts go to min(workers, texts) jobs, contiguous ranges cut as datasets.map(num_proc=N)
@@ -11,6 +12,11 @@ start, as datasets.map does. A job writes its rows into shards of about shard_by
 batch boundary; a finished shard's record (.json, written last) says where its text ends. So a rerun keeps the
 finished shards whose size and checksum hold, continues each job after its last one, and ends with the same rows.
 Memory stays flat: one batch of texts and one shard's open files per worker.
+
+On a pod, every process runs the same command: the plan has workers x processes jobs per split, each process runs
+its contiguous block of them (share) into the one shared out_dir, and process 0 writes the manifest once all have
+finished (prepare_data.py waits for them). A job's shards are the same whichever process made them, so the rows
+equal those of one process with as many workers, and a rerun with another split of the same job count continues.
 """
 import concurrent.futures
 import glob
@@ -32,18 +38,33 @@ from flaxlm.errors import UserError
 PLAN = "prepare.json"  # the settings of a preparation under way (a rerun must have the same to continue it)
 
 
-def plan_jobs(raw, num_workers):
-    """{split: [(start, end), ...]}: the text ranges of each split's jobs; a stream is one job (None, None)."""
+def plan_jobs(raw, num_jobs):
+    """{split: [(start, end), ...]}: the text ranges of each split's jobs, num_jobs of them (the workers of every
+    process; fewer for a split of fewer texts); a stream is one job (None, None)."""
     plan = {}
     for split, ds in raw.items():
         if isinstance(ds, datasets.IterableDataset):
             plan[split] = [(None, None)]
             continue
-        n, k = len(ds), max(1, min(num_workers or 1, len(ds)))
+        n, k = len(ds), max(1, min(num_jobs or 1, len(ds)))
         div, mod = divmod(n, k)  # datasets' Dataset.shard(contiguous=True)
         starts = [div * i + min(i, mod) for i in range(k + 1)]
         plan[split] = list(zip(starts[:-1], starts[1:]))
     return plan
+
+
+def share(plan, process, processes):
+    """{split: [job index, ...]}: the jobs that process `process` of `processes` runs, each split's jobs cut into
+    contiguous blocks (job j of k goes to process j * processes // k). A split of fewer jobs than processes (a
+    stream is one) leaves the last processes without any of it."""
+    return {split: [j for j in range(len(ranges)) if j * processes // len(ranges) == process]
+            for split, ranges in plan.items()}
+
+
+def describe_share(plan, jobs):
+    """Which jobs of the plan `jobs` (a share) holds, in words: 'train jobs 2-3 of 4, validation jobs 2-3 of 4'."""
+    return ", ".join(f"{split} jobs {js[0]}-{js[-1]} of {len(plan[split])}" if js else f"no {split} job"
+                     for split, js in jobs.items())
 
 
 def check_output_dir(out_dir):
@@ -82,9 +103,10 @@ def summary(out_dir, manifest):
     return "\n".join(lines)
 
 
-def start_or_continue(out_dir, about):
+def start_or_continue(out_dir, about, write=True):
     """Write the plan `about` to out_dir (new, or empty), or check that the preparation under way there has the
-    same one; a UserError for another directory's files or other settings."""
+    same one; a UserError for another directory's files or other settings. With write=False only the check (the
+    processes of a pod check, then process 0 writes)."""
     path = os.path.join(out_dir, PLAN)
     about = json.loads(json.dumps(about))  # as JSON gives it back: tuples are lists
     if os.path.isfile(path):
@@ -94,31 +116,49 @@ def start_or_continue(out_dir, about):
             changed = sorted(k for k in set(before) | set(about) if before.get(k) != about.get(k))
             raise UserError(f"--output_dir {out_dir} holds rows prepared with other settings (they differ in "
                             f"{', '.join(changed)}: a source file changed, or another tokenizer, length, objective "
-                            f"or worker count); pass a new --output_dir, or the settings it was made with")
+                            f"or job count, which is workers x processes); pass a new --output_dir, or the settings "
+                            f"it was made with")
         return
     check_output_dir(out_dir)
+    if not write:
+        return
     os.makedirs(out_dir, exist_ok=True)
     _write_json(path, about)
 
 
-def prepare(out_dir, raw, plan, make_rows, length, about, *, num_workers=None, shard_bytes=256 << 20):
-    """Run every job of `plan` (in num_workers processes), then write the manifest; returns it."""
+def prepare(out_dir, raw, plan, make_rows, length, about, *, num_workers=None, shard_bytes=256 << 20, jobs=None):
+    """Run the jobs of `plan` (only those of `jobs`, {split: [job index, ...]}, when given: a process's share) in
+    num_workers processes."""
+    jobs = share(plan, 0, 1) if jobs is None else jobs
     dtype = prepared.row_dtype(about["tokenizer"]["vocab_size"])
-    columns = about["rows"]["columns"]
-    jobs = [dict(out_dir=out_dir, split=split, job=j, start=start, end=end, length=length, dtype=dtype.str,
-                 columns=columns, shard_bytes=shard_bytes)
-            for split, ranges in plan.items() for j, (start, end) in enumerate(ranges)]
-    progress = Throughput(_total_bytes(about["sources"]))
-    if (num_workers or 1) < 2 or len(jobs) == 1:
-        for job in jobs:
+    todo = [dict(out_dir=out_dir, split=split, job=j, start=plan[split][j][0], end=plan[split][j][1], length=length,
+                 dtype=dtype.str, columns=about["rows"]["columns"], shard_bytes=shard_bytes)
+            for split, indices in jobs.items() for j in indices]
+    whole = sum(map(len, jobs.values())) == sum(map(len, plan.values()))
+    progress = Throughput(_total_bytes(about["sources"]) if whole else None)
+    if (num_workers or 1) < 2 or len(todo) == 1:
+        for job in todo:
             run_job(job, raw[job["split"]], make_rows, progress.report)
     else:
-        _run_in_pool(jobs, raw, make_rows, num_workers, progress)
+        _run_in_pool(todo, raw, make_rows, num_workers, progress)
     progress.close()
-    splits = {split: [record for j in range(len(ranges)) for record in finished_shards(out_dir, split, j)]
-              for split, ranges in plan.items()}
+
+
+def write_manifest(out_dir, plan, about):
+    """The manifest of the finished shards of every job of `plan` (whichever process made them), written to
+    out_dir and returned; a UserError when a job's shards are not all there."""
+    splits = {}
+    for split, ranges in plan.items():
+        records = [finished_shards(out_dir, split, j) for j in range(len(ranges))]
+        unfinished = [j for j, job in enumerate(records) if not (job and job[-1]["last"])]
+        if unfinished:
+            raise UserError(f"{out_dir} lacks finished shards of {split} job(s) {unfinished}: on a multi-host run "
+                            f"--output_dir must be one directory every process writes to (NFS, a mounted bucket); "
+                            f"run the same command on every host again to finish them")
+        splits[split] = [record for job in records for record in job]
     manifest = {"format": prepared.FORMAT, "version": prepared.VERSION, **about,
-                "rows": {**about["rows"], "dtype": dtype.str}, "splits": splits}
+                "rows": {**about["rows"], "dtype": prepared.row_dtype(about["tokenizer"]["vocab_size"]).str},
+                "splits": splits}
     _write_json(os.path.join(out_dir, prepared.MANIFEST), manifest)
     return manifest
 

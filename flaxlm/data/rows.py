@@ -212,12 +212,14 @@ def spawned_workers(num_workers):
 
 
 def jax_started():
-    """True once JAX has created its backends (and its threads); True as well where JAX cannot tell."""
+    """True once JAX has created its backends or joined a multi-host run (and started their threads); True as well
+    where JAX cannot tell."""
     if "jax" not in sys.modules:
         return False
     try:
+        import jax
         from jax._src import xla_bridge
-        return bool(xla_bridge.backends_are_initialized())
+        return bool(xla_bridge.backends_are_initialized() or jax.distributed.is_initialized())
     except (ImportError, AttributeError):
         return True
 

@@ -18,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from flaxlm.errors import UserError
+from flaxlm.training.mesh import sync_processes
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -97,7 +98,7 @@ class Checkpointer:
             if os.path.exists(target):
                 shutil.rmtree(target)
             os.rename(path, target)
-        _sync_processes("flaxlm_checkpoint_set_aside")
+        sync_processes("flaxlm_checkpoint_set_aside")
         self.manager.reload()
 
     def restore(self, step, like_state):
@@ -139,12 +140,6 @@ def check_room(output_dir, state, save_total_limit):
         raise UserError(f"{output_dir} has {free / 2**30:.2f} GiB free, but {copies} checkpoints of this run need "
                         f"{need / 2**30:.2f} GiB ({need // copies / 2**30:.2f} GiB each); free space or pick another "
                         f"--output_dir")
-
-
-def _sync_processes(name):
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(name)
 
 
 def restore_for_resume(resume_from_checkpoint, checkpointer, like_state):
@@ -198,6 +193,4 @@ def clear_checkpoints(output_dir):
     if jax.process_index() == 0:
         for step in saved_steps(root):
             shutil.rmtree(os.path.join(root, str(step)))
-    if jax.process_count() > 1:
-        from jax.experimental.multihost_utils import sync_global_devices
-        sync_global_devices("flaxlm clear_checkpoints")
+    sync_processes("flaxlm clear_checkpoints")

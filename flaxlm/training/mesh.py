@@ -32,6 +32,23 @@ def maybe_initialize_distributed(args=None):
         jax.distributed.initialize()
 
 
+def join_processes(args=None):
+    """(index, count) of this process: in a multi-host run (joined here, as maybe_initialize_distributed joins it)
+    or (0, 1) on one host, where JAX's backends stay unstarted (a tool that forks workers needs them so)."""
+    maybe_initialize_distributed(args)
+    if not jax.distributed.is_initialized():
+        return 0, 1
+    return jax.process_index(), jax.process_count()
+
+
+def sync_processes(name):
+    """Wait until every process of a multi-host run gets here (a barrier over their devices); `name` must be the
+    same in all of them."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 def check_process_flags(address, count, index):
     if not (address and count is not None and index is not None):
         raise UserError("a multi-host run by flags needs all of --coordinator_address HOST:PORT, "
