@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""What an adapted model's step-0 eval loss is made of (issue 23): the same loss with the output layer's
-per-token bias (its prior over the vocabulary) set three ways, the rest of the model as adapt_vocabulary.py wrote it.
+"""What an adapted model's step-0 eval loss is made of (issue 23): the same loss with the output layer's per-token
+bias (its prior over the vocabulary) and temperature set from the training text, the rest of the model as
+adapt_vocabulary.py wrote it.
 
     python bench/adapt_step0.py --train_file no_train.txt --eval_file no_eval.txt DIR [DIR ...]
 
@@ -8,7 +9,9 @@ For each model directory (a masked LM or a causal LM, all with the same tokenize
 - `as is`: the model as written (the step-0 loss of bench/adapt_vocabulary.py);
 - `log-prior`: the bias replaced by the log unigram frequencies of the new tokens in --train_file (add-one);
 - `shift` / `shift x2`: the bias moved by log p(token) - log q(token), q the model's mean predicted distribution on
-  --train_file (Saerens et al. 2002: a classifier's outputs adjusted to new class priors), once and twice.
+  --train_file (Saerens et al. 2002: a classifier's outputs adjusted to new class priors), once and twice;
+- `T, shift x2`: the logits divided by a temperature T (Guo et al. 2017), then shifted twice; T the one of
+  TEMPERATURES with the lowest loss on --train_file.
 Only --train_file informs the bias; --eval_file is only scored. A causal LM without an output bias (GPT-2) gets
 the bias added to its logits here. The masked positions (15%: 80% mask, 10% random, 10% kept) and the rows
 (--rows of --seq_len tokens, texts concatenated) are fixed by --seed, the same for every model.
@@ -18,6 +21,8 @@ import argparse
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+TEMPERATURES = (1.0, 1.5, 2.0, 3.0, 4.0)  # "T, shift x2" takes the one whose shifted model fits --train_file best
 
 
 def text_ids(tok, path, causal):
@@ -77,6 +82,13 @@ def score(h, labels, weight, bias):
     return total / len(h), mean / len(h)
 
 
+def shift(h, labels, weight, bias, prior, rounds):
+    """The bias moved `rounds` times by prior - log(the mean predicted distribution at h)."""
+    for _ in range(rounds):
+        bias = bias + prior - torch.log(score(h, labels, weight, bias)[1])
+    return bias
+
+
 def log_prior(tok, ids, causal):
     """Log add-one frequencies of the tokens ids would have as labels (a masked LM never predicts special tokens)."""
     ids = np.asarray(ids)
@@ -99,10 +111,11 @@ def decompose(model_dir, a):
     h_train, y_train = head_inputs(model, *batch(tok, train_ids, a, causal))
     prior = log_prior(tok, train_ids, causal)
     losses = {"as is": score(h_eval, y_eval, weight, bias)[0], "log-prior": score(h_eval, y_eval, weight, prior)[0]}
-    shifted = bias
-    for name in ("shift", "shift x2"):
-        shifted = shifted + prior - torch.log(score(h_train, y_train, weight, shifted)[1])
-        losses[name] = score(h_eval, y_eval, weight, shifted)[0]
+    for name, rounds in (("shift", 1), ("shift x2", 2)):
+        losses[name] = score(h_eval, y_eval, weight, shift(h_train, y_train, weight, bias, prior, rounds))[0]
+    fits = {t: shift(h_train, y_train, weight / t, bias / t, prior, 2) for t in TEMPERATURES}
+    losses["T"] = min(TEMPERATURES, key=lambda t: score(h_train, y_train, weight / t, fits[t])[0])
+    losses["T, shift x2"] = score(h_eval, y_eval, weight / losses["T"], fits[losses["T"]])[0]
     return losses
 
 
@@ -116,11 +129,11 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     torch.set_num_threads(2)
-    names = ("as is", "log-prior", "shift", "shift x2")
-    print(f"{'model':40s}" + "".join(f"{n:>11s}" for n in names))
+    names = ("as is", "log-prior", "shift", "shift x2", "T", "T, shift x2")
+    print(f"{'model':40s}" + "".join(f"{n:>13s}" for n in names))
     for d in a.model_dirs:
         losses = decompose(d, a)
-        print(f"{d[-40:]:40s}" + "".join(f"{losses[n]:11.3f}" for n in names), flush=True)
+        print(f"{d[-40:]:40s}" + "".join(f"{losses[n]:13.3f}" for n in names), flush=True)
 
 
 if __name__ == "__main__":
