@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-TEMPERATURES = (1.0, 1.5, 2.0, 3.0, 4.0)  # "T, shift x2" takes the one whose shifted model fits --train_file best
+# "T, shift x2" takes the one whose shifted model fits --train_file best
+TEMPERATURES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 def text_ids(tok, path, causal):
