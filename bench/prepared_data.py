@@ -16,7 +16,7 @@ each size and worker count, each in a fresh process with a fresh `datasets` cach
   hf:   load_dataset("text") + datasets.map(tokenize) + datasets.map(group_texts), num_proc N
         (bench/data_pipeline.py's hf_rows: Hugging Face's run_mlm_flax.py);
 
-reporting seconds, MB/s of text, tokens/s, the peak memory of the whole process tree (sampled every 0.1 s from
+reporting seconds, MB/s of text, tokens/s, the peak memory of the whole process tree (sampled every 0.5 s from
 /proc/*/smaps_rollup: the PSS summed over the process and its workers, and its anonymous part, which leaves out
 the file pages of memory-mapped files) and the cache's bytes per token (ours: the prepared
 directory, and apart the arrow copy of the text that load_raw_text leaves in the datasets cache; hf: every file
@@ -96,7 +96,7 @@ def run_measured(cmd, env=None):
         while not done.is_set():
             total, anon = tree_memory(proc.pid)
             peak, peak_anon = max(peak, total), max(peak_anon, anon)
-            time.sleep(0.1)
+            time.sleep(0.5)  # reading smaps_rollup walks page tables: costly for big maps
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
