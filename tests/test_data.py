@@ -9,6 +9,7 @@ import pytest
 
 from flaxlm.config.options import TextSourceArgs
 from flaxlm.data import rows as rows_module
+from flaxlm.data import text as text_module
 from flaxlm.data.rows import GROUP_BATCH, as_numpy_rows, blocks, from_text, iter_rows, lines
 from flaxlm.data.text import iter_texts, load_raw_text
 from flaxlm.errors import UserError
@@ -150,6 +151,37 @@ def test_validation_split(tmp_path):
     assert isinstance(stream["train"], datasets.IterableDataset)
     assert [x["text"] for x in stream["validation"]] == lines[::10]  # every 10th
     assert len(list(stream["train"])) == 180
+
+
+
+def test_validation_split_is_drawn_chunk_by_chunk(tmp_path, monkeypatch):
+    """Held-out lines are drawn within chunks (bounded memory for any corpus), each chunk holding its proportional
+    share; blank lines dropped from both splits in the same pass."""
+    monkeypatch.setattr(text_module, "HOLD_OUT_CHUNK", 16)
+    full = [f"linje {i}" for i in range(200)]
+    val = set(load_raw_text(src(tmp_path, train_file=[write(tmp_path / "f.txt", full)]),
+                            validation_split_percentage=10, seed=3)["validation"]["text"][:])
+    for start in range(0, 200, 16):  # 20 of 200 drawn: each chunk exactly its proportional share
+        assert sum(t in val for t in full[start:start + 16]) == min(200, start + 16) * 20 // 200 - start * 20 // 200
+
+    lines = [f"linje {i}" if i % 9 else "  " for i in range(200)]
+    s = src(tmp_path, train_file=[write(tmp_path / "a.txt", lines)])
+    raw = load_raw_text(s, validation_split_percentage=10, seed=3)
+    train, val = raw["train"]["text"][:], raw["validation"]["text"][:]
+    texts = [t for t in lines if t.strip()]
+    assert sorted(train + val) == sorted(texts) and train == [t for t in texts if t in set(train)]
+    held = [i for i, t in enumerate(lines) if t in set(val)]
+    for start in range(0, 200, 16):  # 20 of 200 lines drawn: each chunk its share, less the blank ones drawn
+        share = min(200, start + 16) * 20 // 200 - start * 20 // 200
+        assert sum(start <= i < start + 16 for i in held) <= share
+    assert len(val) >= 20 - sum(1 for i in range(0, 200, 9))
+    assert load_raw_text(s, validation_split_percentage=10, seed=3)["validation"]["text"][:] == val
+    with pytest.raises(UserError, match="every line is blank"):
+        load_raw_text(src(tmp_path, train_file=[write(tmp_path / "b.txt", ["", " "] * 5)]),
+                      validation_split_percentage=10)
+    with pytest.raises(UserError, match="too little text to hold out"):
+        load_raw_text(src(tmp_path, train_file=[write(tmp_path / "c.txt", ["ord", ""])]),
+                      validation_split_percentage=10)
 
 
 def test_iter_texts(tmp_path):

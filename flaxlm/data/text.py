@@ -9,6 +9,7 @@ that fixes it), raised when reading meets it (with --streaming that may be well 
 skipped silently: a corpus with bad bytes is usually in another encoding, and skipping would drop it all.
 """
 import contextlib
+import functools
 import glob
 import logging
 import os
@@ -67,13 +68,16 @@ def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, includ
     if include_test and test_file:
         splits["test"] = load_files(test_file, "--test_file", src, keep_linebreaks)
 
-    raw = {"train": _text_only(splits["train"], src, where)}
     if "validation" in splits:
         val_where = (f"--validation_file {', '.join(src.validation_file)}" if src.validation_file
                      else where)
-        raw["validation"] = _text_only(splits["validation"], src, val_where)
+        raw = {"train": _text_only(splits["train"], src, where),
+               "validation": _text_only(splits["validation"], src, val_where)}
     elif validation_split_percentage > 0:
-        raw["train"], raw["validation"] = hold_out(raw["train"], validation_split_percentage, seed, where)
+        raw = dict(zip(("train", "validation"),
+                       _text_only(splits["train"], src, where, split_off=(validation_split_percentage, seed))))
+    else:
+        raw = {"train": _text_only(splits["train"], src, where)}
     if include_test:
         if "test" not in splits:
             raise UserError(f"--do_predict evaluates test text but {where} has none; pass --test_file FILE")
@@ -251,8 +255,10 @@ def column_types(ds, where):
     return {name: isinstance(v, str) for name, v in first.items()}
 
 
-def _text_only(ds, src, where):
-    """Keep the text column only, named "text", without blank texts."""
+def _text_only(ds, src, where, split_off=None):
+    """Keep the text column only, named "text", without blank texts; with split_off=(percentage, seed) the
+    (train, validation) split of it that hold_out() makes, filtered in the same passes (a dataset filtered
+    once reads every later row through an index: three times slower)."""
     types = column_types(ds, where)
     listing = ", ".join(types) or "none"
     if src.text_column:
@@ -273,30 +279,73 @@ def _text_only(ds, src, where):
     ds = ds.select_columns([column])
     if column != "text":
         ds = ds.rename_column(column, "text")
+    if split_off and not src.streaming:
+        return hold_out(ds, *split_off, where, drop_blank=True)
     ds = ds.filter(_has_text, batched=True, **({} if src.streaming else {"desc": "Dropping blank texts"}))
     if src.streaming:
         if next(iter(ds.take(1)), None) is None:
             raise UserError(f"{where} holds no text (every line is blank); pass a source with text")
     elif len(ds) == 0:
         raise UserError(f"{where} holds no text (every line is blank); pass a source with text")
-    return ds
+    return hold_out(ds, *split_off, where) if split_off else ds
 
 
 def _has_text(batch):
     return [bool(t and t.strip()) for t in batch["text"]]
 
 
-def hold_out(ds, percentage, seed, where):
-    """(train, validation): seeded random examples in order, or every k-th one of a stream."""
+HOLD_OUT_CHUNK = 1 << 20  # examples whose held-out ones are drawn together: the memory hold_out needs
+
+
+def hold_out(ds, percentage, seed, where, drop_blank=False):
+    """(train, validation): seeded random examples in order, or every k-th one of a stream; with drop_blank,
+    both without blank texts (held-out examples drawn among all, then blank ones dropped from both).
+
+    round(n * percentage / 100) of the n examples are held out, spread evenly over chunks of HOLD_OUT_CHUNK
+    examples and drawn at random within each, so memory stays bounded however many examples the corpus
+    holds (an index over all of them costs ~70 bytes per line: gigabytes for a corpus of short lines).
+    """
     if isinstance(ds, datasets.IterableDataset):
         k = max(2, round(100 / percentage))
         return (ds.filter(lambda _, i: i % k != 0, with_indices=True),
                 ds.filter(lambda _, i: i % k == 0, with_indices=True))
     n = len(ds)
+    too_little = UserError(f"{where} has too little text to hold out a validation split; "
+                           f"pass --validation_file or --validation_split_percentage 0")
     if n < 2:
-        raise UserError(f"{where} has too little text to hold out a validation split; "
-                        f"pass --validation_file or --validation_split_percentage 0")
-    is_val = np.zeros(n, bool)
+        raise too_little
     n_val = min(n - 1, max(1, round(n * percentage / 100)))
-    is_val[np.random.default_rng(seed).choice(n, n_val, replace=False)] = True
-    return ds.select(np.flatnonzero(~is_val)), ds.select(np.flatnonzero(is_val))
+    drawn = dict(n=n, n_val=n_val, seed=seed, chunk=HOLD_OUT_CHUNK, drop_blank=drop_blank)
+    options = dict(with_indices=True, batched=True, batch_size=1 << 14, input_columns=["text"] if drop_blank else [])
+    train, validation = (ds.filter(functools.partial(_in_split, **drawn, held=held), **options,
+                                   desc=f"Holding out validation text ({name})")
+                         for held, name in ((False, "train"), (True, "validation")))
+    if drop_blank and len(train) + len(validation) == 0:
+        raise UserError(f"{where} holds no text (every line is blank); pass a source with text")
+    if len(train) == 0 or len(validation) == 0:
+        raise too_little
+    return train, validation
+
+
+def _in_split(*texts_and_indices, n, n_val, seed, chunk, held, drop_blank):
+    """Whether each of these (consecutive) examples is in the split: held out (held) or kept for training,
+    and with drop_blank not blank."""
+    indices = texts_and_indices[-1]
+    first, last = indices[0], indices[-1]
+    masks = [_held_out_in_chunk(c, chunk, n, n_val, seed) for c in range(first // chunk, last // chunk + 1)]
+    mask = np.concatenate(masks)[first % chunk:][:last - first + 1]
+    mask = mask if held else ~mask
+    if drop_blank:
+        mask &= np.fromiter((bool(t and t.strip()) for t in texts_and_indices[0]), bool, len(indices))
+    return mask.tolist()
+
+
+@functools.lru_cache(maxsize=4)
+def _held_out_in_chunk(index, size, n, n_val, seed):
+    """The held-out mask of chunk `index` (`size` examples): its proportional share of the n_val examples
+    (the shares sum to n_val exactly), drawn from a generator seeded by (seed, index)."""
+    start, end = index * size, min(n, (index + 1) * size)
+    count = end * n_val // n - start * n_val // n
+    mask = np.zeros(end - start, bool)
+    mask[np.random.default_rng([seed, index]).choice(end - start, count, replace=False)] = True
+    return mask
