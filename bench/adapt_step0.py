@@ -101,9 +101,9 @@ def log_prior(tok, ids, causal):
 
 def decompose(model_dir, a):
     """{variant: eval loss} of one model directory."""
-    causal = "MaskedLM" not in (AutoConfig.from_pretrained(model_dir).architectures or [""])[0]
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = (AutoModelForCausalLM if causal else AutoModelForMaskedLM).from_pretrained(model_dir).eval()
+    causal = "MaskedLM" not in (AutoConfig.from_pretrained(model_dir, trust_remote_code=False).architectures or [""])[0]
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    model = (AutoModelForCausalLM if causal else AutoModelForMaskedLM).from_pretrained(model_dir, trust_remote_code=False).eval()
     out = model.get_output_embeddings()
     weight = out.weight.detach()
     bias = out.bias.detach() if getattr(out, "bias", None) is not None else torch.zeros(weight.shape[0])

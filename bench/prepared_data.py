@@ -144,7 +144,7 @@ def measure_size(megabytes, a, tokenizer_dir, tmp):
     results = []
     for impl in a.impls:
         for w in a.workers:
-            cache, out = os.path.join(tmp, f"cache-{impl}-{w}"), os.path.join(tmp, f"prepared-{w}")
+            cache, out = os.path.join(tmp, f"cache-{impl}-{w}"), os.path.join(tmp, f"prepared-{megabytes}mb-{w}")
             if impl == "ours":
                 cmd = [sys.executable, os.path.join(REPO, "prepare_data.py"), "--tokenizer_name", tokenizer_dir,
                        "--train_file", corpus, "--validation_split_percentage", "0", "--max_seq_length",
@@ -169,7 +169,7 @@ def measure_size(megabytes, a, tokenizer_dir, tmp):
                 r["first_batch_s"] = round(first_batch_seconds(out, tokenizer_dir, a.seq_len), 2)
             print(json.dumps(r), flush=True)
             results.append(r)
-            subprocess.run(["rm", "-rf", cache] + ([] if impl == "ours" and w == a.workers[-1] else [out]))
+            subprocess.run(["rm", "-rf", cache, out])
     os.remove(corpus)
     return results
 

@@ -82,10 +82,13 @@ def hf_tied(hf):
 
 def as_untied(hf):
     """transformers' model with config.tie_word_embeddings false if its head is untied. transformers 5's T5-family
-    configs say true whatever config.json says, and its UMT5 then scales the decoder output of an untied head as
-    if tied (by d_model**-0.5); transformers 4 and T5X, which trained the released UMT5, do not."""
+    configs say true whatever config.json says, and its UMT5 (up to 5.23; later ones by scale_decoder_outputs, which
+    a model built from a config without tie_word_embeddings false sets) then scales the decoder output of an
+    untied head as if tied (by d_model**-0.5); transformers 4 and T5X, which trained the released UMT5, do not."""
     if not hf_tied(hf):
         hf.config.tie_word_embeddings = False
+        if hasattr(hf.config, "scale_decoder_outputs"):  # transformers >= 5.24's UMT5 scales by this flag
+            hf.config.scale_decoder_outputs = False
     return hf
 
 

@@ -1,6 +1,6 @@
 """mT5 and UMT5 (flaxlm/models/mt5.py): what the parity checks of every family (tests/test_parity.py) do not
 cover: the checkpoints transformers 5 writes for them (the head tied), UMT5's bias table in every block (also
-under scan), and the transformers 5 UMT5 quirk the parity harness works around (parity.as_untied)."""
+under scan), and the transformers 5.0-5.23 UMT5 quirk the parity harness works around (parity.as_untied)."""
 import numpy as np
 import pytest
 import torch
@@ -27,18 +27,20 @@ def test_transformers5_tied_checkpoint(case, tmp_path):
     np.testing.assert_allclose(np.asarray(model(*jnp_args(b))), hf_logits(hf, b.hf), atol=1e-4, rtol=0)
 
 
-def test_transformers5_umt5_scales_an_untied_head(tmp_path):
+def test_umt5_export_reloads_in_transformers(tmp_path):
     """Our export (untied, config.json tie_word_embeddings false) reloads in transformers 5 with the config saying
-    tied, so its UMT5 scales the decoder output as if tied: what parity.as_untied undoes. When this fails,
-    transformers reads config.json again and as_untied can go."""
+    tied. transformers >= 5.24 reads the false into scale_decoder_outputs and computes our logits; earlier 5.x scale
+    the decoder output as if tied (by d_model**-0.5), what parity.as_untied undoes."""
     config = UMT5.config()
-    params = models.split_model(models.create_model(config, seed=1))[1]
-    models.save_pretrained(tmp_path, config, params)
+    model = models.create_model(config, seed=1)
+    models.save_pretrained(tmp_path, config, models.split_model(model)[1])
     hf = UMT5.hf_class.from_pretrained(tmp_path).eval()
     assert hf.config.tie_word_embeddings and not hf_tied(hf)
     b = batch(UMT5)
-    scaled = hf_logits(hf, b.hf)
-    np.testing.assert_allclose(hf_logits(as_untied(hf), b.hf) * config.d_model ** -0.5, scaled, atol=1e-5)
+    ours = np.asarray(model(*jnp_args(b)))
+    scales = getattr(hf.config, "scale_decoder_outputs", True)  # absent before transformers 5.24
+    np.testing.assert_allclose(hf_logits(hf, b.hf), ours * (config.d_model ** -0.5 if scales else 1), atol=1e-5)
+    np.testing.assert_allclose(hf_logits(as_untied(hf), b.hf), ours, atol=1e-5)
 
 
 def test_umt5_bias_in_every_block_also_under_scan():

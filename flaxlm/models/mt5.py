@@ -11,11 +11,12 @@ untied head, and transformers 5's MT5Config / UMT5Config force tie_word_embeddin
 says, so the config cannot tell: the head here is always untied, and export writes tie_word_embeddings false.
 A checkpoint without lm_head.weight (transformers 5 saves a model built from a config that way) starts its head
 from the shared embeddings, scaled as transformers computes such a tied head (UMT5: the decoder output times
-d_model**-0.5; mT5: unscaled).
+d_model**-0.5 unless its config says scale_decoder_outputs false; mT5: unscaled).
 
-Note: transformers 5's UMT5ForConditionalGeneration scales the decoder output by d_model**-0.5 whenever
+Note: transformers 5.0-5.23's UMT5ForConditionalGeneration scales the decoder output by d_model**-0.5 whenever
 config.tie_word_embeddings, which its config forces, so it scales an untied checkpoint too (transformers 4, and
-T5X, which trained UMT5, do not); this module computes the released models as trained.
+T5X, which trained UMT5, do not); 5.24 reads config.json's tie_word_embeddings false into scale_decoder_outputs
+and does not. This module computes the released models as trained.
 """
 from flaxlm.models import t5
 from flaxlm.models.family import Family
@@ -57,8 +58,11 @@ def umt5_tensor_names(config):
 
 
 def umt5_normalize(config, tensors, notes):
-    """t5.normalize for UMT5: a missing lm_head.weight comes from shared.weight * d_model**-0.5."""
-    return t5.normalize(config, tensors, notes, tied=False, tied_head_scale=config.d_model ** -0.5)
+    """t5.normalize for UMT5: a missing lm_head.weight comes from shared.weight * d_model**-0.5, or unscaled when
+    the config says the decoder output is not scaled (t5.ties_embeddings: transformers >= 5.24's
+    scale_decoder_outputs false)."""
+    scale = config.d_model ** -0.5 if t5.ties_embeddings(config) else 1.0
+    return t5.normalize(config, tensors, notes, tied=False, tied_head_scale=scale)
 
 
 # google/mt5-* and google/umt5-* on the hub (umt5's config.json has no model_type; transformers reads it from
