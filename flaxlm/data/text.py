@@ -284,10 +284,14 @@ def _text_only(ds, src, where, split_off=None):
     ds = ds.filter(_has_text, batched=True, **({} if src.streaming else {"desc": "Dropping blank texts"}))
     if src.streaming:
         if next(iter(ds.take(1)), None) is None:
-            raise UserError(f"{where} holds no text (every line is blank); pass a source with text")
+            raise _all_blank(where)
     elif len(ds) == 0:
-        raise UserError(f"{where} holds no text (every line is blank); pass a source with text")
+        raise _all_blank(where)
     return hold_out(ds, *split_off, where) if split_off else ds
+
+
+def _all_blank(where):
+    return UserError(f"{where} holds no text (every line is blank); pass a source with text")
 
 
 def _has_text(batch):
@@ -321,7 +325,7 @@ def hold_out(ds, percentage, seed, where, drop_blank=False):
                                    desc=f"Holding out validation text ({name})")
                          for held, name in ((False, "train"), (True, "validation")))
     if drop_blank and len(train) + len(validation) == 0:
-        raise UserError(f"{where} holds no text (every line is blank); pass a source with text")
+        raise _all_blank(where)
     if len(train) == 0 or len(validation) == 0:
         raise too_little
     return train, validation
@@ -336,7 +340,7 @@ def _in_split(*texts_and_indices, n, n_val, seed, chunk, held, drop_blank):
     mask = np.concatenate(masks)[first % chunk:][:last - first + 1]
     mask = mask if held else ~mask
     if drop_blank:
-        mask &= np.fromiter((bool(t and t.strip()) for t in texts_and_indices[0]), bool, len(indices))
+        mask &= np.asarray(_has_text({"text": texts_and_indices[0]}), bool)
     return mask.tolist()
 
 
