@@ -184,6 +184,19 @@ def test_validation_split_is_drawn_chunk_by_chunk(tmp_path, monkeypatch):
                       validation_split_percentage=10)
 
 
+@pytest.mark.parametrize("percentage", [0, 10])
+def test_arrow_text_is_held_in_few_record_batches(tmp_path, percentage):
+    """The arrow copy of the text and the index a filter makes hold up to 2^16 texts per record batch (datasets'
+    default 1,000 costs every process ~1 KB per batch: memory growing with the corpus)."""
+    lines = [f"linje {i}" if i % 7 else ["", " \t", "\u00a0\u3000 "][i // 7 % 3] for i in range(5000)]
+    raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", lines)]),
+                        validation_split_percentage=percentage)
+    for ds in raw.values():
+        assert ds.data.table.column(0).num_chunks == 1
+        assert ds._indices is not None and ds._indices.table.column(0).num_chunks == 1
+    assert sorted(sum((ds["text"][:] for ds in raw.values()), [])) == sorted(t for t in lines if t.strip())
+
+
 def test_iter_texts(tmp_path):
     raw = load_raw_text(src(tmp_path, train_file=[write(tmp_path / "a.txt", corpus(25))]),
                         validation_split_percentage=0)

@@ -16,6 +16,8 @@ import os
 
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from flaxlm.errors import UserError, decode_utf8_line
 
@@ -27,6 +29,7 @@ BUILDERS = {
     ".parquet": ("parquet", {}),
 }
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+ARROW_BATCH = dict(batch_size=1 << 16, writer_batch_size=1 << 16)  # see _arrow_batches
 _TEXT_FILES = []  # (flag, files) read by the last load_raw_text: where to look when text turns out not UTF-8
 
 
@@ -190,12 +193,19 @@ def load_files(files, flag, src, keep_linebreaks=False):
     try:
         with _quiet_datasets_log():
             return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=src.cache_dir,
-                                         streaming=src.streaming, **options)
+                                         streaming=src.streaming, **options, **_arrow_batches(src))
     except Exception as e:  # a parse error in the user's file
         if _is_decode_error(e):
             raise _not_utf8_error(e) from None
         raise UserError(f"could not read {flag} {', '.join(files)} as {exts[0][1:]} ({_first_line(_root(e))}); "
                         f"fix the file or its extension") from None
+
+
+def _arrow_batches(src):
+    """Record batches of up to 2^16 texts in the arrow copy of the text (datasets writes 1,000): every process that
+    opens the copy holds ~1 KB per record batch (of the copy and of a filter's index), which for a corpus of short
+    lines at the default is ~35 MB per GB of text in each process: memory that would grow with the corpus."""
+    return {} if src.streaming else {"writer_batch_size": ARROW_BATCH["writer_batch_size"]}
 
 
 def datasets_named(src):
@@ -222,7 +232,8 @@ def load_hub(src):
     """{split: dataset} of --dataset_name / --dataset_config_name (one dataset) through `datasets`."""
     name, config = one_dataset(src)
     try:
-        splits = datasets.load_dataset(name, config, cache_dir=src.cache_dir, streaming=src.streaming)
+        splits = datasets.load_dataset(name, config, cache_dir=src.cache_dir, streaming=src.streaming,
+                                      **_arrow_batches(src))
     except Exception as e:  # offline, unknown name, missing config, ...
         raise UserError(f"could not load dataset {name} ({_first_line(e)}); "
                         f"check the name and your network, or pass --train_file") from None
@@ -281,12 +292,15 @@ def _text_only(ds, src, where, split_off=None):
         ds = ds.rename_column(column, "text")
     if split_off and not src.streaming:
         return hold_out(ds, *split_off, where, drop_blank=True)
-    ds = ds.filter(_has_text, batched=True, **({} if src.streaming else {"desc": "Dropping blank texts"}))
     if src.streaming:
+        ds = ds.filter(_has_text, batched=True)
         if next(iter(ds.take(1)), None) is None:
             raise _all_blank(where)
-    elif len(ds) == 0:
-        raise _all_blank(where)
+    else:
+        ds = ds.with_format("arrow").filter(_text_mask, batched=True, input_columns=["text"], **ARROW_BATCH,
+                                            desc="Dropping blank texts").with_format(None)
+        if len(ds) == 0:
+            raise _all_blank(where)
     return hold_out(ds, *split_off, where) if split_off else ds
 
 
@@ -296,6 +310,17 @@ def _all_blank(where):
 
 def _has_text(batch):
     return [bool(t and t.strip()) for t in batch["text"]]
+
+
+def _text_mask(texts):
+    """_has_text of an arrow array of texts, without making Python strings (arrow's whitespace is str.isspace's);
+    a UnicodeDecodeError (naming_bad_bytes names the line) where a reader let bytes that are not UTF-8 through."""
+    try:
+        texts.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise UnicodeDecodeError("utf-8", b"", 0, 1, str(e)) from None
+    blank = pc.or_kleene(pc.equal(pc.utf8_length(texts), 0), pc.utf8_is_space(texts))
+    return pc.invert(pc.fill_null(blank, True)).to_numpy(zero_copy_only=False)
 
 
 HOLD_OUT_CHUNK = 1 << 20  # examples whose held-out ones are drawn together: the memory hold_out needs
@@ -320,9 +345,9 @@ def hold_out(ds, percentage, seed, where, drop_blank=False):
         raise too_little
     n_val = min(n - 1, max(1, round(n * percentage / 100)))
     drawn = dict(n=n, n_val=n_val, seed=seed, chunk=HOLD_OUT_CHUNK, drop_blank=drop_blank)
-    options = dict(with_indices=True, batched=True, batch_size=1 << 14, input_columns=["text"] if drop_blank else [])
-    train, validation = (ds.filter(functools.partial(_in_split, **drawn, held=held), **options,
-                                   desc=f"Holding out validation text ({name})")
+    options = dict(with_indices=True, batched=True, **ARROW_BATCH, input_columns=["text"] if drop_blank else [])
+    train, validation = (ds.with_format("arrow").filter(functools.partial(_in_split, **drawn, held=held), **options,
+                                                        desc=f"Holding out validation text ({name})").with_format(None)
                          for held, name in ((False, "train"), (True, "validation")))
     if drop_blank and len(train) + len(validation) == 0:
         raise _all_blank(where)
@@ -340,8 +365,8 @@ def _in_split(*texts_and_indices, n, n_val, seed, chunk, held, drop_blank):
     mask = np.concatenate(masks)[first % chunk:][:last - first + 1]
     mask = mask if held else ~mask
     if drop_blank:
-        mask &= np.asarray(_has_text({"text": texts_and_indices[0]}), bool)
-    return mask.tolist()
+        mask &= _text_mask(texts_and_indices[0])
+    return mask
 
 
 @functools.lru_cache(maxsize=4)
