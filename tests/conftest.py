@@ -16,6 +16,18 @@ import pytest  # noqa: E402
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_code():
+    """JAX keeps every compiled function (each ~6 memory maps of code) for the life of the process: over the
+    whole suite that neared Linux's limit of 65,530 maps per process (vm.max_map_count), where XLA aborts.
+    Dropped after each test module."""
+    yield
+    if "jax" in sys.modules:
+        import gc
+        sys.modules["jax"].clear_caches()
+        gc.collect()
+
+
 @pytest.fixture
 def shared_data():
     """../shared/data beside the checkout; tests that need it skip cleanly where it is absent."""
