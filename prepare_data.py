@@ -1,20 +1,19 @@
 #!/usr/bin/env python
 """Tokenize and group text once into token rows that any later training run reads with --prepared_data DIR.
 
-Pipeline: options -> tokenizer -> text (the training scripts' --train_file / --validation_file /
---dataset_name options, split as they split it) -> the rows of --objective's script (mlm: blocks, or lines
-with --line_by_line; clm: documents; t5: blocks of the span corruption's raw length), exactly the rows that
-script makes from the same text and options -> shards of uint16 rows (uint32 for vocabularies over 65,536)
-in --output_dir, with a manifest.json. --preprocessing_num_workers N runs N processes (the rows of the
-training script's --preprocessing_num_workers N). Interrupted? Run the same command again: finished shards
-are kept.
+Pipeline: options -> tokenizer -> text (the training scripts' --train_file / --validation_file / --dataset_name
+options, split as they split it; .txt files read in byte ranges, one per job) -> the rows of --objective's script
+(mlm: blocks, or lines with --line_by_line; clm: documents; t5: blocks of the span corruption's raw length),
+exactly the rows that script makes from the same text and options -> shards of uint16 rows (uint32 for vocabularies
+over 65,536) in --output_dir, with a manifest.json. --preprocessing_num_workers N runs N processes. Interrupted?
+Run the same command again: finished shards are kept.
 
-On a pod, run the same command on every host (joined by JAX's distributed runtime: the environment of a TPU pod
-or SLURM, or the training scripts' --coordinator_address, --num_processes and --process_id) into one --output_dir
-that every host mounts (NFS, a bucket): the text is cut into workers x processes jobs per split, each process
-tokenizes its contiguous block of them with its N workers, and process 0 writes the manifest once all have
-finished. The rows are those of one process with workers x processes workers. (--streaming: a split is one job,
-made by process 0.)
+On a pod, run the same command on every host (joined by JAX's distributed runtime: the environment of a TPU pod or
+SLURM, or the training scripts' --coordinator_address, --num_processes and --process_id) into one --output_dir that
+every host mounts (NFS, a bucket): the text is cut into workers x processes jobs per split, each process reads
+(.txt files: only its byte ranges) and tokenizes its contiguous block of them with its N workers, and process 0
+writes the manifest once all have finished. The rows are those of one process with workers x processes workers.
+(--streaming: a split is one job, made by process 0.)
 
     python prepare_data.py --objective mlm --tokenizer_name MODEL_DIR --train_file corpus.txt \
         --max_seq_length 128 --output_dir prepared/ --preprocessing_num_workers 4
@@ -37,6 +36,7 @@ def main(argv=None):
         argv=argv, prog="prepare_data.py", description=__doc__)
     from flaxlm.data import prepared, preparing
     from flaxlm.data.text import load_raw_text
+    from flaxlm.data.text_ranges import file_splits
     from flaxlm.tokenization.loading import load_tokenizer
     from flaxlm.training.mesh import join_processes, sync_processes
 
@@ -44,8 +44,9 @@ def main(argv=None):
     preparing.check_output_dir(prep.output_dir)  # before any reading
     tokenizer = load_tokenizer(prep.tokenizer_name)
     keep_linebreaks = prep.objective == "clm" and clm_args.keep_linebreaks
-    raw = load_raw_text(source, data_args.validation_split_percentage, prep.seed, keep_linebreaks=keep_linebreaks,
-                        include_test=bool(source.test_file))
+    text_options = dict(validation_split_percentage=data_args.validation_split_percentage, seed=prep.seed,
+                        keep_linebreaks=keep_linebreaks, include_test=bool(source.test_file))
+    raw = file_splits(source, **text_options) or load_raw_text(source, **text_options)  # .txt files: read by range
     function, make_rows, length = row_function(prep.objective, tokenizer, raw, data_args, mlm_args, clm_args,
                                                span_args)
     plan = preparing.plan_jobs(raw, (data_args.preprocessing_num_workers or 1) * processes)
@@ -54,12 +55,17 @@ def main(argv=None):
              "rows": {"function": function, "length": length, "columns": columns, "keep_linebreaks": keep_linebreaks},
              "sources": preparing.describe_sources(source),
              "text": {"validation_split_percentage": data_args.validation_split_percentage, "seed": prep.seed,
-                      "text_column": source.text_column, "streaming": source.streaming},
+                      "text_column": source.text_column, "streaming": source.streaming,
+                      "read": "byte ranges" if preparing.in_byte_ranges(raw) else "datasets"},
              "jobs": plan}
     start(prep.output_dir, about, process, processes)
     jobs = preparing.share(plan, process, processes)
     if processes > 1:
-        print(f"process {process} of {processes} prepares {preparing.describe_share(plan, jobs)}", flush=True)
+        print(f"process {process} of {processes} prepares {preparing.describe_share(plan, jobs, raw)}", flush=True)
+    preparing.count_lines_held_out(prep.output_dir, raw, plan, jobs)
+    if processes > 1:
+        sync_processes("flaxlm prepare_data: lines counted")
+    raw = preparing.with_lines_counted(prep.output_dir, raw, plan)
     preparing.prepare(prep.output_dir, raw, plan, make_rows, length, about, jobs=jobs,
                       num_workers=data_args.preprocessing_num_workers, shard_bytes=int(prep.shard_size_mb * (1 << 20)))
     if processes > 1:

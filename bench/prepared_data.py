@@ -11,15 +11,15 @@ UD Bokmål, Wikipedia; Shakespeare, WikiText-2): their non-blank lines shuffled 
 file has --corpus_mb MB. One byte-level BPE tokenizer (--vocab_size) is trained on the shared text once. Then for
 each size and worker count, each in a fresh process with a fresh `datasets` cache (nothing reused):
 
-  ours: prepare_data.py --objective mlm --max_seq_length L --preprocessing_num_workers N (reading the text
-        into arrow with load_raw_text included, as for HF);
+  ours: prepare_data.py --objective mlm --max_seq_length L --preprocessing_num_workers N (each worker reading
+        its byte range of the .txt: no arrow copy of the text);
   hf:   load_dataset("text") + datasets.map(tokenize) + datasets.map(group_texts), num_proc N
         (bench/data_pipeline.py's hf_rows: Hugging Face's run_mlm_flax.py);
 
 reporting seconds, MB/s of text, tokens/s, the peak memory of the whole process tree (sampled every 0.5 s from
 /proc/*/smaps_rollup: the PSS summed over the process and its workers, and its anonymous part, which leaves out
 the file pages of memory-mapped files) and the cache's bytes per token (ours: the prepared
-directory, and apart the arrow copy of the text that load_raw_text leaves in the datasets cache; hf: every file
+directory, and apart whatever it left in the datasets cache (0 for .txt files); hf: every file
 `datasets` wrote, that copy included, as a user's cache holds it). Last, the time from
 the prepared directory to the first batch of rows (prepared.load_rows with its checksums + ShuffledRows' first
 global batch of 256), the data side of "time to first step". Ends with one JSON line.
@@ -164,7 +164,7 @@ def measure_size(megabytes, a, tokenizer_dir, tmp):
                  "text_mb_per_s": round(text_mb / seconds, 2), "tokens_per_s": round(tokens / seconds),
                  "peak_pss_mb": round(peak / 1e6),
                  "peak_anon_mb": round(peak_anon / 1e6), "cache_bytes_per_token": round(cache_bytes / tokens, 2)}
-            if impl == "ours":  # + the copy of the text load_raw_text left in the datasets cache (not with --streaming)
+            if impl == "ours":  # + a copy of the text in the datasets cache (none: .txt files are read by range)
                 r["text_cache_bytes_per_token"] = round(dir_bytes(cache) / tokens, 2)
                 r["first_batch_s"] = round(first_batch_seconds(out, tokenizer_dir, a.seq_len), 2)
             print(json.dumps(r), flush=True)

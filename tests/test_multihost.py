@@ -121,6 +121,10 @@ def test_2_processes_prepare_disjoint_shares_equal_to_1_process_of_2_workers(pod
     pod, (first, second) = pod_prepared
     assert "process 0 of 2 prepares train jobs 0-0 of 2, validation jobs 0-0 of 2" in first
     assert "process 1 of 2 prepares train jobs 1-1 of 2, validation jobs 1-1 of 2" in second
+    shares = [re.search(r"it reads ([\d,]+) of the ([\d,]+) bytes of text", out).groups() for out in (first, second)]
+    (mine0, every), (mine1, every1) = [[int(x.replace(",", "")) for x in pair] for pair in shares]
+    total = sum(os.path.getsize(corpus[split]) for split in ("train", "validation"))
+    assert every == every1 == total and mine0 + mine1 == total and max(mine0, mine1) < 0.6 * total  # each its half
     assert "prepared rows of 32 tokens" in first and "prepared rows" not in second  # one manifest writer
     prepare_data.main(prepare_args(model_dir, corpus, tmp_path / "one", "--preprocessing_num_workers", "2"))
     manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())

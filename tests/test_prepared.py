@@ -100,14 +100,80 @@ def test_streamed_text_gives_the_rows_of_a_streaming_run(model_dir, text, tmp_pa
         assert np.array_equal(all_rows(got[split]), np.stack(list(made[split])))
 
 
-def test_two_workers_give_the_rows_of_the_script_with_two_workers(model_dir, text, tmp_path):
-    prepare(model_dir, text, tmp_path / "p", "--max_seq_length", "32", "--preprocessing_num_workers", "2")
-    source = TextSourceArgs(train_file=[text["train"]], validation_file=[text["validation"]], cache_dir=text["cache"])
-    made = rows.from_text(load_raw_text(source), rows.blocks(load_tokenizer(model_dir), 32), 32, num_workers=2)
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_two_workers_give_the_rows_of_the_script_on_each_workers_text(kind, model_dir, text, tmp_path):
+    """.txt files: each job reads its own byte range (cut at a line start; no copy of the text in the datasets
+    cache), and its rows are the script's rows of that piece of text. Other files (jsonl) go through datasets: the
+    rows of the script with two workers."""
+    files = {split: text[split] for split in ("train", "validation")}
+    if kind == "jsonl":
+        for split, path in files.items():
+            files[split] = str(tmp_path / f"{split}.jsonl")
+            with open(path, encoding="utf-8") as f, open(files[split], "w", encoding="utf-8") as out:
+                out.writelines(json.dumps({"text": line.rstrip("\n")}) + "\n" for line in f)
+    cache = tmp_path / "cache"
+    prepare_data.main(["--tokenizer_name", model_dir, "--train_file", files["train"], "--validation_file",
+                       files["validation"], "--output_dir", str(tmp_path / "p"), "--cache_dir", str(cache),
+                       "--max_seq_length", "32", "--preprocessing_num_workers", "2"])
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert len(manifest["splits"]["train"]) == 2 and manifest["text"]["read"] == {"txt": "byte ranges",
+                                                                                  "jsonl": "datasets"}[kind]
     got = load(model_dir, tmp_path / "p")
+    tokenizer = load_tokenizer(model_dir)
     for split in ("train", "validation"):
-        assert np.array_equal(all_rows(got[split]), rows.as_numpy_rows(made[split]))
-    assert len(json.loads((tmp_path / "p" / "manifest.json").read_text())["splits"]["train"]) == 2
+        if kind == "jsonl":
+            source = TextSourceArgs(train_file=[files["train"]], validation_file=[files["validation"]],
+                                    cache_dir=text["cache"])
+            want = rows.as_numpy_rows(rows.from_text(load_raw_text(source), rows.blocks(tokenizer, 32), 32,
+                                                     num_workers=2)[split])
+        else:
+            data = open(files[split], "rb").read()
+            pieces = [data[a:b] for a, b in manifest["jobs"][split]]
+            assert len(pieces) == 2 and b"".join(pieces) == data and pieces[0].endswith(b"\n")
+            want = []
+            for i, piece in enumerate(pieces):
+                (tmp_path / f"{split}{i}.txt").write_bytes(piece)
+                source = TextSourceArgs(train_file=[str(tmp_path / f"{split}{i}.txt")], cache_dir=text["cache"])
+                raw = load_raw_text(source, validation_split_percentage=0)
+                want.append(rows.as_numpy_rows(rows.from_text(raw, rows.blocks(tokenizer, 32), 32)["train"]))
+            want = np.concatenate(want)
+        assert np.array_equal(all_rows(got[split]), want), split
+    assert cache.exists() == (kind == "jsonl")  # byte ranges: the text never copied
+
+
+@pytest.mark.parametrize("keep_linebreaks", [False, True])
+@pytest.mark.parametrize("held_out", [0, 10])
+def test_byte_ranges_read_the_texts_load_raw_text_reads(keep_linebreaks, held_out, tmp_path, monkeypatch):
+    """Two files cut into 1, 3 and 7 ranges, read in blocks of 97 bytes: the splits' texts (held-out ones too) are
+    load_raw_text's, with CRLF and lone CR line ends, Unicode spaces and separators, blank lines, and a last line
+    without a line break; bytes that are not UTF-8 are named by file and line."""
+    from flaxlm.data import text_ranges
+    rng = np.random.default_rng(0)
+    words = ["hei", "på", "deg", "\u3000", "\x0c", "a\u2028b", "c\x85d", "  ", "\t", "æøå", "x\ry", "z\r\nw", ""]
+    paths = []
+    for name, n, end in (("a.txt", 3000, "\n"), ("b.txt", 2000, "")):
+        lines = ["".join(rng.choice(words, rng.integers(0, 6))) for _ in range(n)]
+        (tmp_path / name).write_bytes(("\n".join(lines) + end).encode("utf-8"))
+        paths.append(str(tmp_path / name))
+    monkeypatch.setattr(text_ranges, "BLOCK", 97)
+    source = TextSourceArgs(train_file=paths, cache_dir=str(tmp_path / "cache"))
+    want = load_raw_text(source, held_out, 7, keep_linebreaks=keep_linebreaks)
+    splits = text_ranges.file_splits(source, held_out, 7, keep_linebreaks=keep_linebreaks)
+    assert set(splits) == set(want)
+    for k in (1, 3, 7):
+        plan = preparing.plan_jobs(splits, k)
+        assert len(plan["train"]) == k
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        preparing.count_lines_held_out(str(out), splits, plan, preparing.share(plan, 0, 1))
+        counted = preparing.with_lines_counted(str(out), splits, plan)
+        for split, ds in want.items():
+            got = [t for j, span in enumerate(plan[split]) for texts in counted[split].texts(span, j) for t in texts]
+            assert got == ds["text"], (k, split)
+    (tmp_path / "bad.txt").write_bytes(("en\n" * 50 + "to\ntre \xe6\n").encode("utf-8") + b"fire \xe6\n")
+    bad = text_ranges.file_splits(TextSourceArgs(train_file=[str(tmp_path / "bad.txt")]), 0)
+    with pytest.raises(UserError, match=r"--train_file .*bad.txt line 53 is not UTF-8 text \(byte 0xe6"):
+        list(bad["train"].texts((0, os.path.getsize(tmp_path / "bad.txt")), 0))
 
 
 def test_an_interrupted_preparation_continues_to_the_same_rows(model_dir, text, tmp_path, monkeypatch):

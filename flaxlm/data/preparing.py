@@ -4,12 +4,14 @@
     prepare(out_dir, raw, plan, make_rows, length, about, num_workers=4)
     write_manifest(out_dir, plan, about)
 
-The rows equal the ones the training script makes from the same text and options: the splits come from the same
-load_raw_text; a split's texts go to min(workers, texts) jobs, contiguous ranges cut as datasets.map(num_proc=N)
-cuts them (so N workers give the rows of the training script's --preprocessing_num_workers N, and one worker
-those of a run without it); each job calls the row function on batches of GROUP_BATCH texts from its range's
-start, as datasets.map does. A job writes its rows into shards of about shard_bytes of text each, closed at a
-batch boundary; a finished shard's record (.json, written last) says where its text ends. So a rerun keeps the
+The rows equal the ones the training script makes from the same text and options. Plain .txt files are read by
+flaxlm.data.text_ranges (the texts of load_raw_text, held-out validation lines included) in byte ranges cut at line
+starts, one per job, each job reading only its own (so a pod's hosts share the reading; no arrow copy): one job
+gives the script's rows, N jobs the script's rows of each range in turn. Other sources come from load_raw_text,
+their texts cut into min(workers, texts) contiguous ranges as datasets.map(num_proc=N) cuts them (the rows of the
+script's --preprocessing_num_workers N). Each job calls the row function on batches of GROUP_BATCH texts from its
+range's start, as datasets.map does. A job writes its rows into shards of about shard_bytes of text each, closed at
+a batch boundary; a finished shard's record (.json, written last) says where its text ends. So a rerun keeps the
 finished shards whose size and checksum hold, continues each job after its last one, and ends with the same rows.
 Memory stays flat: one batch of texts and one shard's open files per worker.
 
@@ -33,16 +35,21 @@ import numpy as np
 from flaxlm.data import prepared
 from flaxlm.data.rows import GROUP_BATCH, jax_started, rows_of_batch
 from flaxlm.data.text import file_list, iter_texts, one_dataset
+from flaxlm.data.text_ranges import FileSplit, count_lines, cut
 from flaxlm.errors import UserError
 
 PLAN = "prepare.json"  # the settings of a preparation under way (a rerun must have the same to continue it)
 
 
 def plan_jobs(raw, num_jobs):
-    """{split: [(start, end), ...]}: the text ranges of each split's jobs, num_jobs of them (the workers of every
-    process; fewer for a split of fewer texts); a stream is one job (None, None)."""
+    """{split: [(start, end), ...]}: the ranges of each split's jobs, num_jobs of them (the workers of every
+    process; fewer for a split of fewer texts): byte ranges of a FileSplit's files, cut at line starts (a held-out
+    validation split has the train split's), or text ranges of a Dataset; a stream is one job (None, None)."""
     plan = {}
     for split, ds in raw.items():
+        if isinstance(ds, FileSplit):
+            plan[split] = cut(ds.files, num_jobs or 1)
+            continue
         if isinstance(ds, datasets.IterableDataset):
             plan[split] = [(None, None)]
             continue
@@ -53,6 +60,11 @@ def plan_jobs(raw, num_jobs):
     return plan
 
 
+def in_byte_ranges(raw):
+    """Whether every split is read from text files in byte ranges (FileSplit), each job reading only its own."""
+    return all(isinstance(ds, FileSplit) for ds in raw.values())
+
+
 def share(plan, process, processes):
     """{split: [job index, ...]}: the jobs that process `process` of `processes` runs, each split's jobs cut into
     contiguous blocks (job j of k goes to process j * processes // k). A split of fewer jobs than processes (a
@@ -61,10 +73,48 @@ def share(plan, process, processes):
             for split, ranges in plan.items()}
 
 
-def describe_share(plan, jobs):
-    """Which jobs of the plan `jobs` (a share) holds, in words: 'train jobs 2-3 of 4, validation jobs 2-3 of 4'."""
-    return ", ".join(f"{split} jobs {js[0]}-{js[-1]} of {len(plan[split])}" if js else f"no {split} job"
+def describe_share(plan, jobs, raw):
+    """Which jobs of the plan `jobs` (a share) holds, in words: 'train jobs 2-3 of 4, validation jobs 2-3 of 4',
+    and for text files read in byte ranges how many bytes of them that is."""
+    said = ", ".join(f"{split} jobs {js[0]}-{js[-1]} of {len(plan[split])}" if js else f"no {split} job"
                      for split, js in jobs.items())
+    if in_byte_ranges(raw):
+        mine = sum(plan[split][j][1] - plan[split][j][0] for split, js in jobs.items() for j in js)
+        every = sum(ranges[-1][1] for ranges in plan.values())
+        said += f": it reads {mine:,} of the {every:,} bytes of text"
+    return said
+
+
+def count_lines_held_out(out_dir, raw, plan, jobs):
+    """Count the lines of this process's share (`jobs`) of the train ranges into out_dir, when the validation split
+    is held out of train text files (which lines hold_out holds out depends on every line's index)."""
+    if not (isinstance(raw.get("validation"), FileSplit) and raw["validation"].hold_out):
+        return
+    for j in jobs["train"]:
+        span = plan["train"][j]
+        _write_json(_lines_path(out_dir, j), {"span": list(span), "lines": count_lines(raw["train"].files, span)})
+
+
+def with_lines_counted(out_dir, raw, plan):
+    """raw with the hold-out's line counts (count_lines_held_out's, of every process) in its FileSplits."""
+    if not (isinstance(raw.get("validation"), FileSplit) and raw["validation"].hold_out):
+        return raw
+    counts = []
+    for j, span in enumerate(plan["train"]):
+        try:
+            with open(_lines_path(out_dir, j), encoding="utf-8") as f:
+                record = json.load(f)
+        except FileNotFoundError:
+            raise UserError(f"{out_dir} lacks the line count of train range {j}: on a multi-host run --output_dir "
+                            f"must be one directory every process writes to (NFS, a mounted bucket)") from None
+        assert record["span"] == list(span), (record, span)
+        counts.append(record["lines"])
+    return {split: ds.counted(counts) if isinstance(ds, FileSplit) and ds.hold_out else ds
+            for split, ds in raw.items()}
+
+
+def _lines_path(out_dir, job):
+    return os.path.join(out_dir, f"lines-train-{job:03d}.json")
 
 
 def check_output_dir(out_dir):
@@ -155,6 +205,8 @@ def write_manifest(out_dir, plan, about):
             raise UserError(f"{out_dir} lacks finished shards of {split} job(s) {unfinished}: on a multi-host run "
                             f"--output_dir must be one directory every process writes to (NFS, a mounted bucket); "
                             f"run the same command on every host again to finish them")
+        if not sum(job[-1]["end_text"] for job in records):
+            raise UserError(f"the {split} split holds no text (every line is blank); pass a source with text")
         splits[split] = [record for job in records for record in job]
     manifest = {"format": prepared.FORMAT, "version": prepared.VERSION, **about,
                 "rows": {**about["rows"], "dtype": prepared.row_dtype(about["tokenizer"]["vocab_size"]).str},
@@ -190,7 +242,7 @@ def run_job(job, ds, make_rows, report):
         return
     part, skip = len(done), done[-1]["end_text"] if done else 0
     shard = _ShardWriter(job, part, skip)
-    for texts in _text_batches(ds, job["start"], job["end"], skip):
+    for texts in _text_batches(ds, job, skip):
         if shard.text_bytes >= job["shard_bytes"]:  # full, and more text follows
             shard.finish(last=False)
             shard = _ShardWriter(job, shard.part + 1, shard.end_text)
@@ -199,9 +251,24 @@ def run_job(job, ds, make_rows, report):
     shard.finish(last=True)
 
 
-def _text_batches(ds, start, end, skip):
-    """Batches of GROUP_BATCH texts of ds[start:end] (a stream: all of it) from the skip-th text on (a multiple
-    of GROUP_BATCH)."""
+def _text_batches(ds, job, skip):
+    """Batches of GROUP_BATCH texts of the job's range of ds (a stream: all of it) from the skip-th text on (a
+    multiple of GROUP_BATCH)."""
+    start, end = job["start"], job["end"]
+    if isinstance(ds, FileSplit):
+        pending, skipped = [], 0
+        for texts in ds.texts((start, end), job["job"]):
+            if skipped < skip:  # texts the finished shards hold
+                drop = min(len(texts), skip - skipped)
+                texts, skipped = texts[drop:], skipped + drop
+            pending.extend(texts)
+            full = len(pending) - len(pending) % GROUP_BATCH
+            for a in range(0, full, GROUP_BATCH):
+                yield pending[a:a + GROUP_BATCH]
+            pending = pending[full:]
+        if pending:
+            yield pending
+        return
     if start is None:
         for i, texts in enumerate(iter_texts(ds, GROUP_BATCH)):
             if i * GROUP_BATCH >= skip:

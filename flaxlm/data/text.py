@@ -45,6 +45,13 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, kee
     A percentage of 0 means no validation split. keep_linebreaks: each line of a .txt file keeps its
     line break (the causal-LM script's default, so that concatenated lines are the original text).
     """
+    check_text_options(src, validation_split_percentage)
+    with naming_bad_bytes(fresh=True):
+        return _load_splits(src, validation_split_percentage, seed, keep_linebreaks, include_test)
+
+
+def check_text_options(src, validation_split_percentage):
+    """A UserError for options that name no text, or two sources, or an impossible validation percentage."""
     if src.dataset_name and src.train_file:
         raise UserError("pass either --dataset_name or --train_file, not both")
     if not (src.dataset_name or src.train_file):
@@ -53,8 +60,6 @@ def load_raw_text(src, validation_split_percentage: int = 5, seed: int = 42, kee
     if not 0 <= validation_split_percentage < 100:
         raise UserError(f"--validation_split_percentage must be between 0 and 99, "
                         f"not {validation_split_percentage}")
-    with naming_bad_bytes(fresh=True):
-        return _load_splits(src, validation_split_percentage, seed, keep_linebreaks, include_test)
 
 
 def _load_splits(src, validation_split_percentage, seed, keep_linebreaks, include_test):
@@ -172,6 +177,25 @@ def _extension(path):
 def load_files(files, flag, src, keep_linebreaks=False):
     """The files given with `flag` as one split (Dataset, or IterableDataset with --streaming), read by the
     datasets builder of their extension; remembered so that text that is not UTF-8 is named by file and line."""
+    files, ext = checked_files(files, flag)
+    builder, options = BUILDERS[ext]
+    if builder == "text" and keep_linebreaks:
+        options = {**options, "keep_linebreaks": True}
+    _TEXT_FILES.append((flag, files))
+    try:
+        with _quiet_datasets_log():
+            return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=src.cache_dir,
+                                         streaming=src.streaming, **options, **_arrow_batches(src))
+    except Exception as e:  # a parse error in the user's file
+        if _is_decode_error(e):
+            raise _not_utf8_error(e) from None
+        raise UserError(f"could not read {flag} {', '.join(files)} as {ext[1:]} ({_first_line(_root(e))}); "
+                        f"fix the file or its extension") from None
+
+
+def checked_files(files, flag):
+    """(files, extension): the files given with `flag` (glob patterns expanded), each an existing non-empty file of
+    a type BUILDERS reads, all of one type; a UserError naming the first that is not."""
     files = file_list(files, flag)
     for f in files:
         if not os.path.exists(f):
@@ -186,19 +210,7 @@ def load_files(files, flag, src, keep_linebreaks=False):
     exts = sorted({_extension(f) for f in files})
     if len(exts) > 1:
         raise UserError(f"{flag} mixes file types ({', '.join(exts)}); pass files of one type per split")
-    builder, options = BUILDERS[exts[0]]
-    if builder == "text" and keep_linebreaks:
-        options = {**options, "keep_linebreaks": True}
-    _TEXT_FILES.append((flag, files))
-    try:
-        with _quiet_datasets_log():
-            return datasets.load_dataset(builder, data_files=files, split="train", cache_dir=src.cache_dir,
-                                         streaming=src.streaming, **options, **_arrow_batches(src))
-    except Exception as e:  # a parse error in the user's file
-        if _is_decode_error(e):
-            raise _not_utf8_error(e) from None
-        raise UserError(f"could not read {flag} {', '.join(files)} as {exts[0][1:]} ({_first_line(_root(e))}); "
-                        f"fix the file or its extension") from None
+    return files, exts[0]
 
 
 def _arrow_batches(src):
@@ -339,11 +351,7 @@ def hold_out(ds, percentage, seed, where, drop_blank=False):
         return (ds.filter(lambda _, i: i % k != 0, with_indices=True),
                 ds.filter(lambda _, i: i % k == 0, with_indices=True))
     n = len(ds)
-    too_little = UserError(f"{where} has too little text to hold out a validation split; "
-                           f"pass --validation_file or --validation_split_percentage 0")
-    if n < 2:
-        raise too_little
-    n_val = min(n - 1, max(1, round(n * percentage / 100)))
+    n_val = held_out_count(n, percentage, where)
     drawn = dict(n=n, n_val=n_val, seed=seed, chunk=HOLD_OUT_CHUNK, drop_blank=drop_blank)
     options = dict(with_indices=True, batched=True, **ARROW_BATCH, input_columns=["text"] if drop_blank else [])
     train, validation = (ds.with_format("arrow").filter(functools.partial(_in_split, **drawn, held=held), **options,
@@ -352,21 +360,40 @@ def hold_out(ds, percentage, seed, where, drop_blank=False):
     if drop_blank and len(train) + len(validation) == 0:
         raise _all_blank(where)
     if len(train) == 0 or len(validation) == 0:
-        raise too_little
+        raise _too_little(where)
     return train, validation
+
+
+def held_out_count(n, percentage, where):
+    """How many of n examples hold_out holds out: round(n * percentage / 100), at least 1 and at most n - 1."""
+    if n < 2:
+        raise _too_little(where)
+    return min(n - 1, max(1, round(n * percentage / 100)))
+
+
+def _too_little(where):
+    return UserError(f"{where} has too little text to hold out a validation split; "
+                     f"pass --validation_file or --validation_split_percentage 0")
 
 
 def _in_split(*texts_and_indices, n, n_val, seed, chunk, held, drop_blank):
     """Whether each of these (consecutive) examples is in the split: held out (held) or kept for training,
     and with drop_blank not blank."""
     indices = texts_and_indices[-1]
-    first, last = indices[0], indices[-1]
-    masks = [_held_out_in_chunk(c, chunk, n, n_val, seed) for c in range(first // chunk, last // chunk + 1)]
-    mask = np.concatenate(masks)[first % chunk:][:last - first + 1]
+    mask = held_out_mask(indices[0], indices[-1] - indices[0] + 1, n, n_val, seed, chunk)
     mask = mask if held else ~mask
     if drop_blank:
         mask &= _text_mask(texts_and_indices[0])
     return mask
+
+
+def held_out_mask(first, count, n, n_val, seed, chunk=HOLD_OUT_CHUNK):
+    """Whether hold_out holds out each of the consecutive examples [first, first + count) of n, n_val held out."""
+    if count == 0:
+        return np.zeros(0, bool)
+    chunks = range(first // chunk, (first + count - 1) // chunk + 1)
+    masks = [_held_out_in_chunk(c, chunk, n, n_val, seed) for c in chunks]
+    return np.concatenate(masks)[first % chunk:][:count]
 
 
 @functools.lru_cache(maxsize=4)
