@@ -10,6 +10,8 @@ DIR holds:
                                   (uint16 up to 65,536 tokens, else uint32), little-endian, no header
   <split>-<job>-<part>.json       a finished shard (written after its data): rows, CRC-32 of each column,
                                   the text it covers
+  lines-train-<job>.json          .txt files with a held-out validation split: the lines of each job's range
+                                  (which lines are held out depends on every line's index)
 
 The columns are input_ids, and for packed lines (--line_by_line) segment_ids too. Rows are memory-mapped
 (np.memmap) and only the rows of a batch are read, converted to int32 on the way (rows_at). Opening checks that
