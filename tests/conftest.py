@@ -16,6 +16,17 @@ import pytest  # noqa: E402
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def _no_default_compilation_cache():
+    """Training scripts called in this process keep JAX's persistent compilation cache off unless a test passes
+    --compilation_cache_dir: one process that compiled a step and then loads an equal one from that cache (written
+    by an earlier script run in the same process) aborts inside XLA:CPU (jax 0.10.2: test_multihost then test_run_clm,
+    with a fresh cache). A user's run is one process: the cache is written by one and read by the next."""
+    from flaxlm.training import compile_cache
+    enable = compile_cache.enable_compilation_cache
+    compile_cache.enable_compilation_cache = lambda setting: None if setting == "auto" else enable(setting)
+
+
+_no_default_compilation_cache()
 MAPS_BEFORE_FREEING = 40_000  # of the 65,530 memory maps Linux lets a process hold (vm.max_map_count)
 
 
