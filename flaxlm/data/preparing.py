@@ -88,7 +88,7 @@ def describe_share(plan, jobs, raw):
 def count_lines_held_out(out_dir, raw, plan, jobs):
     """Count the lines of this process's share (`jobs`) of the train ranges into out_dir, when the validation split
     is held out of train text files (which lines hold_out holds out depends on every line's index)."""
-    if not (isinstance(raw.get("validation"), FileSplit) and raw["validation"].hold_out):
+    if not _held_out_of_files(raw):
         return
     for j in jobs["train"]:
         span = plan["train"][j]
@@ -97,7 +97,7 @@ def count_lines_held_out(out_dir, raw, plan, jobs):
 
 def with_lines_counted(out_dir, raw, plan):
     """raw with the hold-out's line counts (count_lines_held_out's, of every process) in its FileSplits."""
-    if not (isinstance(raw.get("validation"), FileSplit) and raw["validation"].hold_out):
+    if not _held_out_of_files(raw):
         return raw
     counts = []
     for j, span in enumerate(plan["train"]):
@@ -111,6 +111,11 @@ def with_lines_counted(out_dir, raw, plan):
         counts.append(record["lines"])
     return {split: ds.counted(counts) if isinstance(ds, FileSplit) and ds.hold_out else ds
             for split, ds in raw.items()}
+
+
+def _held_out_of_files(raw):
+    """Whether the validation split is held out of train text files (read in byte ranges)."""
+    return isinstance(raw.get("validation"), FileSplit) and bool(raw["validation"].hold_out)
 
 
 def _lines_path(out_dir, job):
