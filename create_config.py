@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flaxlm.config.options import ConfigArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
-from flaxlm.models import abstract_model, count_params, save_config  # noqa: E402
+from flaxlm.models import count_config_params, save_config  # noqa: E402
 from flaxlm.files import check_writable_dir  # noqa: E402
 from flaxlm.tokenization.loading import has_tokenizer, load_tokenizer  # noqa: E402
 from flaxlm.models.presets import PRESETS, build_config, get_preset, human, parse_overrides  # noqa: E402
@@ -24,7 +24,7 @@ def size(config):
     """'125M': the parameters of the model `config` describes (built abstractly, nothing allocated); '?' when
     config.json describes no model flaxlm can build."""
     try:
-        return human(count_params(abstract_model(config)[1]))
+        return human(count_config_params(config))
     except UserError:
         return "?"
 

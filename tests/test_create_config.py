@@ -17,8 +17,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def count_params(config):
-    """Parameters of the model `config` describes, built abstractly."""
-    return models.count_params(models.abstract_model(config)[1])
+    """Parameters of the model `config` describes, built abstractly (from one and two layers: checked below)."""
+    return models.count_config_params(config)
 
 
 HF_SHAPES = {  # from the Hugging Face hub config.json files
@@ -119,6 +119,26 @@ def test_preset_round_trips(name, tmp_path):
     for key, value in HF_SHAPES.get(name, {}).items():
         assert config_value(loaded, key) == value, key
     assert count_params(loaded) > 0
+
+
+TINY = [name for name in PRESETS if name.endswith("-tiny")]
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_count_from_two_layers_is_the_count_of_every_layer(name):
+    """count_config_params (the models of one and two layers) counts what the whole model holds, deeper than 2."""
+    config = build_config(name)
+    layers = {"num_hidden_layers": 5}
+    if getattr(config, "num_decoder_layers", None) is not None:
+        layers["num_decoder_layers"] = 4
+    for key, value in layers.items():
+        setattr(config, key, value)
+    for key in ("layer_types", "attention_layers"):
+        if isinstance(getattr(config, key, None), list):
+            setattr(config, key, (getattr(config, key) * 5)[:5])
+    if hasattr(config, "attention_types"):  # GPT-Neo: counted in full (the shallow configs contradict these)
+        config.attention_types = [[["global", "local"], 2], [["global"], 1]]
+    assert count_params(config) == models.count_params(models.abstract_model(config)[1])
 
 
 def test_param_counts_match_known_sizes():

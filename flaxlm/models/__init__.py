@@ -12,8 +12,8 @@ Family entry
 (flaxlm.models.family), registered in flaxlm.models.registry. The names below are re-exported from build.py,
 registry.py, convert.py, pretrained.py and hf_io.py.
 """
-from flaxlm.models.build import (abstract_model, apply_hidden, apply_model, count_params, create_model, decay_mask,
-                                 merge_model, model_class, split_model)
+from flaxlm.models.build import (abstract_model, apply_hidden, apply_model, count_config_params, count_params,
+                                 create_model, decay_mask, merge_model, model_class, split_model)
 from flaxlm.models.convert import from_hf_state_dict, to_hf_state_dict
 from flaxlm.models.hf_io import load_config
 from flaxlm.models.layer_stack import Execution
@@ -22,5 +22,5 @@ from flaxlm.models.registry import CAUSAL_LM_TYPES, MODELS, TASK_MODEL_TYPES, TA
 
 __all__ = ["MODELS", "CAUSAL_LM_TYPES", "TASK_MODEL_TYPES", "TASKS", "family_of", "model_class", "create_model",
            "split_model", "merge_model", "apply_model", "apply_hidden", "abstract_model", "Execution", "decay_mask",
-           "count_params", "load_config", "load_pretrained", "save_pretrained", "save_config", "load_for_task",
+           "count_params", "count_config_params", "load_config", "load_pretrained", "save_pretrained", "save_config", "load_for_task",
            "task_config", "to_hf_state_dict", "from_hf_state_dict"]

@@ -7,6 +7,8 @@
     logits = apply_model(graphdef, params, ids_BL, mask_BL, positions_BL, dropout_key=key)  # causal LMs
     h, head = apply_hidden(graphdef, params, ...same arguments...)  # the head's input rows and the head itself
 """
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,3 +95,29 @@ def abstract_model(config, dtype="float32", task=None, execution=None):
                                 nnx.Param)
     return graphdef, _keys_to_str(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
                                                nnx.to_pure_dict(state)))
+
+
+def count_config_params(config):
+    """count_params(abstract_model(config)[1]), from models of one and two layers (every layer past the first has the
+    same parameters): listing the presets does not trace 30 layers each. Lists of one entry per layer (layer_types,
+    attention_layers) are cut to the depth; a family that rejects the shallower config is counted in full."""
+    keys = [k for k in ("num_hidden_layers", "num_decoder_layers") if getattr(config, k, None) is not None]
+    depth = {k: getattr(config, k) for k in keys}
+
+    def at(**layers):
+        shallow = copy.deepcopy(config)
+        for k in keys:
+            setattr(shallow, k, layers.get(k, 1))
+        for name in ("layer_types", "attention_layers"):
+            per_layer = getattr(config, name, None)
+            if isinstance(per_layer, list) and len(per_layer) == depth["num_hidden_layers"]:
+                setattr(shallow, name, per_layer[:shallow.num_hidden_layers])
+        return count_params(abstract_model(shallow)[1])
+
+    if max(depth.values()) <= 2:
+        return count_params(abstract_model(config)[1])
+    try:
+        one = at()
+        return one + sum((depth[k] - 1) * (at(**{k: 2}) - one) for k in keys)
+    except UserError:
+        return count_params(abstract_model(config)[1])
