@@ -27,31 +27,6 @@ def _no_default_compilation_cache():
 
 
 _no_default_compilation_cache()
-MAPS_BEFORE_FREEING = 40_000  # of the 65,530 memory maps Linux lets a process hold (vm.max_map_count)
-
-
-@pytest.fixture(autouse=True)
-def _free_compiled_code():
-    """JAX keeps every compiled function (each ~6 memory maps of code) for the life of the process: over the
-    whole suite that neared Linux's limit of 65,530 maps per process, where XLA aborts. Dropped after a test
-    once the process holds MAPS_BEFORE_FREEING maps (not after every test: compiling again costs time)."""
-    yield
-    if "jax" in sys.modules and _memory_maps() > _free_above[0]:
-        import gc
-        sys.modules["jax"].clear_caches()
-        gc.collect()
-        _free_above[0] = max(MAPS_BEFORE_FREEING, _memory_maps() + 10_000)  # what is still held is not freed again
-
-
-_free_above = [MAPS_BEFORE_FREEING]
-
-
-def _memory_maps():
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return sum(1 for _ in f)
-    except OSError:  # not Linux
-        return 0
 
 
 @pytest.fixture
