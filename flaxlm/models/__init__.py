@@ -22,5 +22,5 @@ from flaxlm.models.registry import CAUSAL_LM_TYPES, MODELS, TASK_MODEL_TYPES, TA
 
 __all__ = ["MODELS", "CAUSAL_LM_TYPES", "TASK_MODEL_TYPES", "TASKS", "family_of", "model_class", "create_model",
            "split_model", "merge_model", "apply_model", "apply_hidden", "abstract_model", "Execution", "decay_mask",
-           "count_params", "count_config_params", "load_config", "load_pretrained", "save_pretrained", "save_config", "load_for_task",
-           "task_config", "to_hf_state_dict", "from_hf_state_dict"]
+           "count_params", "count_config_params", "load_config", "load_pretrained", "save_pretrained", "save_config",
+           "load_for_task", "task_config", "to_hf_state_dict", "from_hf_state_dict"]

@@ -101,23 +101,24 @@ def count_config_params(config):
     """count_params(abstract_model(config)[1]), from models of one and two layers (every layer past the first has the
     same parameters): listing the presets does not trace 30 layers each. Lists of one entry per layer (layer_types,
     attention_layers) are cut to the depth; a family that rejects the shallower config is counted in full."""
-    keys = [k for k in ("num_hidden_layers", "num_decoder_layers") if getattr(config, k, None) is not None]
-    depth = {k: getattr(config, k) for k in keys}
+    depth = {k: getattr(config, k) for k in ("num_hidden_layers", "num_decoder_layers")
+             if getattr(config, k, None) is not None}
 
-    def at(**layers):
-        shallow = copy.deepcopy(config)
-        for k in keys:
-            setattr(shallow, k, layers.get(k, 1))
+    def count(**layers):
+        shallow = copy.deepcopy(config) if layers else config
+        for k, n in layers.items():
+            setattr(shallow, k, n)
         for name in ("layer_types", "attention_layers"):
             per_layer = getattr(config, name, None)
-            if isinstance(per_layer, list) and len(per_layer) == depth["num_hidden_layers"]:
+            if layers and isinstance(per_layer, list) and len(per_layer) == depth["num_hidden_layers"]:
                 setattr(shallow, name, per_layer[:shallow.num_hidden_layers])
         return count_params(abstract_model(shallow)[1])
 
     if max(depth.values()) <= 2:
-        return count_params(abstract_model(config)[1])
+        return count()
+    ones = dict.fromkeys(depth, 1)
     try:
-        one = at()
-        return one + sum((depth[k] - 1) * (at(**{k: 2}) - one) for k in keys)
+        one = count(**ones)
+        return one + sum((n - 1) * (count(**{**ones, k: 2}) - one) for k, n in depth.items())
     except UserError:
-        return count_params(abstract_model(config)[1])
+        return count()
