@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -33,6 +34,7 @@ FORMAT = "flaxlm prepared rows"
 VERSION = 1
 MANIFEST = "manifest.json"
 CHECK_CHUNK = 64 << 20  # bytes read at a time for a checksum
+CHECK_THREADS = min(16, os.cpu_count() or 1)  # shard files checksummed at once (zlib.crc32 releases the GIL)
 
 
 def row_dtype(vocab_size):
@@ -181,8 +183,9 @@ def load_rows(directories, tokenizer, function, length, *, source, data_args, we
 
 def _checked_splits(directories, tokenizer, function, length, verify, keep_linebreaks):
     """{"train": [(dir, [records])], "validation"/"test": [(dir, record), ...] of all directories, "dtype",
-    "columns"} once every directory and shard has passed its checks."""
-    out = {"train": []}
+    "columns"} once every directory and shard has passed its checks: first every shard's size, then (verify) every
+    shard's checksum, several files at once; the first damaged shard in order is the one named."""
+    out, shards_of_all = {"train": []}, []
     for d in directories:
         manifest = read_manifest(d)
         check_made_for(manifest, d, tokenizer, function, length, keep_linebreaks)
@@ -194,13 +197,23 @@ def _checked_splits(directories, tokenizer, function, length, verify, keep_lineb
             raise UserError(f"--prepared_data {d} has no train split; prepare it with --train_file")
         for split, shards in manifest["splits"].items():
             for shard in shards:
-                problem = shard_problem(d, shard, length, kind[0], kind[1], verify)
-                if problem:
-                    raise UserError(f"the prepared shard {problem}; prepare the data again (prepare_data.py with "
-                                    f"the same options remakes what is damaged)")
+                _refuse_damaged(shard_problem(d, shard, length, kind[0], kind[1], verify=False))
+            shards_of_all += [(d, shard) for shard in shards]
             if split == "train":
                 out["train"].append((d, shards))
             else:
                 out.setdefault(split, []).extend((d, s) for s in shards)
+    if verify:  # every byte read: at tens of GB the one slow part of a start, so in threads
+        pool = ThreadPoolExecutor(CHECK_THREADS)
+        try:
+            for problem in pool.map(lambda ds: shard_problem(*ds, length, out["dtype"], out["columns"]), shards_of_all):
+                _refuse_damaged(problem)
+        finally:
+            pool.shutdown(cancel_futures=True)  # a damaged shard: the later ones left unread
     return out
 
+
+def _refuse_damaged(problem):
+    if problem:
+        raise UserError(f"the prepared shard {problem}; prepare the data again (prepare_data.py with the same "
+                        f"options remakes what is damaged)")
