@@ -2,18 +2,18 @@
 """Tokenize and group text once into token rows that any later training run reads with --prepared_data DIR.
 
 Pipeline: options -> tokenizer -> text (the training scripts' --train_file / --validation_file / --dataset_name
-options, split as they split it; .txt files read in byte ranges, one per job) -> the rows of --objective's script
-(mlm: blocks, or lines with --line_by_line; clm: documents; t5: blocks of the span corruption's raw length),
-exactly the rows that script makes from the same text and options -> shards of uint16 rows (uint32 for vocabularies
-over 65,536) in --output_dir, with a manifest.json. --preprocessing_num_workers N runs N processes. Interrupted?
-Run the same command again: finished shards are kept.
+options, split as they split it; .txt, JSON Lines and parquet files read in ranges, one per job) -> the rows of
+--objective's script (mlm: blocks, or lines with --line_by_line; clm: documents; t5: blocks of the span corruption's
+raw length), exactly the rows that script makes from the same text and options -> shards of uint16 rows (uint32 for
+vocabularies over 65,536) in --output_dir, with a manifest.json. --preprocessing_num_workers N runs N processes.
+Interrupted? Run the same command again: finished shards are kept.
 
 On a pod, run the same command on every host (joined by JAX's distributed runtime: the environment of a TPU pod or
 SLURM, or the training scripts' --coordinator_address, --num_processes and --process_id) into one --output_dir that
 every host mounts (NFS, a bucket): the text is cut into workers x processes jobs per split, each process reads
-(.txt files: only its byte ranges) and tokenizes its contiguous block of them with its N workers, and process 0
-writes the manifest once all have finished. The rows are those of one process with workers x processes workers.
-(--streaming: a split is one job, made by process 0.)
+(.txt, JSON Lines and parquet files: only its ranges) and tokenizes its contiguous block of them with its N workers,
+and process 0 writes the manifest once all have finished. The rows are those of one process with workers x processes
+workers. (--streaming: each of the k jobs reads the whole stream and tokenizes every k-th batch of texts.)
 
     python prepare_data.py --objective mlm --tokenizer_name MODEL_DIR --train_file corpus.txt \
         --max_seq_length 128 --output_dir prepared/ --preprocessing_num_workers 4
@@ -46,7 +46,7 @@ def main(argv=None):
     keep_linebreaks = prep.objective == "clm" and clm_args.keep_linebreaks
     text_options = dict(validation_split_percentage=data_args.validation_split_percentage, seed=prep.seed,
                         keep_linebreaks=keep_linebreaks, include_test=bool(source.test_file))
-    raw = file_splits(source, **text_options) or load_raw_text(source, **text_options)  # .txt files: read by range
+    raw = file_splits(source, **text_options) or load_raw_text(source, **text_options)  # .txt/.jsonl/.parquet: ranges
     function, make_rows, length = row_function(prep.objective, tokenizer, raw, data_args, mlm_args, clm_args,
                                                span_args)
     plan = preparing.plan_jobs(raw, (data_args.preprocessing_num_workers or 1) * processes)
@@ -56,7 +56,7 @@ def main(argv=None):
              "sources": preparing.describe_sources(source),
              "text": {"validation_split_percentage": data_args.validation_split_percentage, "seed": prep.seed,
                       "text_column": source.text_column, "streaming": source.streaming,
-                      "read": "byte ranges" if preparing.in_byte_ranges(raw) else "datasets"},
+                      "read": preparing.read_in_ranges(raw)},
              "jobs": plan}
     start(prep.output_dir, about, process, processes)
     jobs = preparing.share(plan, process, processes)

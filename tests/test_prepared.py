@@ -89,73 +89,121 @@ def test_prepared_rows_are_the_rows_the_script_makes_from_text(objective, functi
 
 
 def test_streamed_text_gives_the_rows_of_a_streaming_run(model_dir, text, tmp_path):
-    """--streaming: no copy of the text in the datasets cache; the rows (held-out ones too) of StreamedRows."""
+    """--streaming: no copy of the text in the datasets cache; the rows (held-out ones too) of StreamedRows. With 2
+    workers each job tokenizes every other batch of texts: the same rows, job 0's batches first."""
     prepare(model_dir, text, tmp_path / "p", "--max_seq_length", "32", "--streaming", "--shard_size_mb", "0.05",
             split_validation=True)
+    prepare(model_dir, text, tmp_path / "p2", "--max_seq_length", "32", "--streaming", "--preprocessing_num_workers",
+            "2", split_validation=True)
     source = TextSourceArgs(train_file=[text["train"]], streaming=True)
     made = rows.from_text(load_raw_text(source), rows.blocks(load_tokenizer(model_dir), 32), 32)
-    got = load(model_dir, tmp_path / "p")
+    got, two = load(model_dir, tmp_path / "p"), load(model_dir, tmp_path / "p2")
     assert len(got["train"].shards) > 1
+    jobs = json.loads((tmp_path / "p2" / "manifest.json").read_text())["splits"]["train"]
+    assert [s["end_text"] for s in jobs] == [1000 + 375, 1000]  # 2,375 train texts: batches 0 and 2, batch 1
     for split in ("train", "validation"):
-        assert np.array_equal(all_rows(got[split]), np.stack(list(made[split])))
+        want = np.stack(list(made[split]))
+        assert np.array_equal(all_rows(got[split]), want)
+        assert np.array_equal(*(a[np.lexsort(a.T[::-1])] for a in (all_rows(two[split]), want)))
 
 
-@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def as_jsonl(lines, end="\n"):
+    """JSON Lines bytes of texts as the json builder meets them: objects with more keys, some without the text or
+    with null, blank lines between, whitespace after, escaped and raw Unicode."""
+    out = []
+    for i, line in enumerate(lines):
+        obj = {"n": i} if i % 17 == 16 else {"text": None if i % 19 == 18 else line, "n": i}
+        out.append(json.dumps(obj, ensure_ascii=i % 2 == 0) + (" \r" if i % 5 == 4 else ""))
+        if i % 23 == 22:
+            out.append(" \t")
+    return ("\n".join(out) + end).encode("utf-8")
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet", "csv"])
 def test_two_workers_give_the_rows_of_the_script_on_each_workers_text(kind, model_dir, text, tmp_path):
-    """.txt files: each job reads its own byte range (cut at a line start; no copy of the text in the datasets
-    cache), and its rows are the script's rows of that piece of text. Other files (jsonl) go through datasets: the
-    rows of the script with two workers."""
-    files = {split: text[split] for split in ("train", "validation")}
-    if kind == "jsonl":
+    """.txt, JSON Lines and parquet files: each job reads its own range (of bytes cut at a line start, of parquet
+    rows; no copy of the text in the datasets cache), and its rows are the script's rows of that piece of text.
+    Other files (csv) go through datasets: the rows of the script with two workers."""
+    import pyarrow as pa
+    import pyarrow.csv
+    import pyarrow.parquet as pq
+    files, tables = {split: text[split] for split in ("train", "validation")}, {}
+    if kind != "txt":
         for split, path in files.items():
-            files[split] = str(tmp_path / f"{split}.jsonl")
-            with open(path, encoding="utf-8") as f, open(files[split], "w", encoding="utf-8") as out:
-                out.writelines(json.dumps({"text": line.rstrip("\n")}) + "\n" for line in f)
+            files[split] = str(tmp_path / f"{split}.{kind}")
+            lines = open(path, encoding="utf-8").read().splitlines()
+            tables[split] = pa.table({"n": range(len(lines)), "text": lines})
+            if kind == "jsonl":
+                (tmp_path / f"{split}.jsonl").write_bytes(as_jsonl(lines))
+            elif kind == "csv":
+                pa.csv.write_csv(tables[split], files[split])
+            else:
+                pq.write_table(tables[split], files[split], row_group_size=500)
     cache = tmp_path / "cache"
     prepare_data.main(["--tokenizer_name", model_dir, "--train_file", files["train"], "--validation_file",
                        files["validation"], "--output_dir", str(tmp_path / "p"), "--cache_dir", str(cache),
                        "--max_seq_length", "32", "--preprocessing_num_workers", "2"])
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
-    assert len(manifest["splits"]["train"]) == 2 and manifest["text"]["read"] == {"txt": "byte ranges",
-                                                                                  "jsonl": "datasets"}[kind]
+    assert len(manifest["splits"]["train"]) == 2
+    assert manifest["text"]["read"] == {"csv": "datasets", "parquet": "row ranges"}.get(kind, "byte ranges")
     got = load(model_dir, tmp_path / "p")
     tokenizer = load_tokenizer(model_dir)
     for split in ("train", "validation"):
-        if kind == "jsonl":
+        if kind == "csv":
             source = TextSourceArgs(train_file=[files["train"]], validation_file=[files["validation"]],
                                     cache_dir=text["cache"])
             want = rows.as_numpy_rows(rows.from_text(load_raw_text(source), rows.blocks(tokenizer, 32), 32,
                                                      num_workers=2)[split])
         else:
-            data = open(files[split], "rb").read()
-            pieces = [data[a:b] for a, b in manifest["jobs"][split]]
-            assert len(pieces) == 2 and b"".join(pieces) == data and pieces[0].endswith(b"\n")
             want = []
-            for i, piece in enumerate(pieces):
-                (tmp_path / f"{split}{i}.txt").write_bytes(piece)
-                source = TextSourceArgs(train_file=[str(tmp_path / f"{split}{i}.txt")], cache_dir=text["cache"])
+            if kind == "parquet":
+                ranges = manifest["jobs"][split]
+                assert len(ranges) == 2 and ranges[0][0] == 0 and ranges[0][1] == ranges[1][0]
+                for i, (a, b) in enumerate(ranges):
+                    pq.write_table(tables[split].slice(a, b - a), tmp_path / f"{split}{i}.{kind}")
+            else:
+                data = open(files[split], "rb").read()
+                pieces = [data[a:b] for a, b in manifest["jobs"][split]]
+                assert len(pieces) == 2 and b"".join(pieces) == data and pieces[0].endswith(b"\n")
+                for i, piece in enumerate(pieces):
+                    (tmp_path / f"{split}{i}.{kind}").write_bytes(piece)
+            for i in range(2):
+                source = TextSourceArgs(train_file=[str(tmp_path / f"{split}{i}.{kind}")], cache_dir=text["cache"])
                 raw = load_raw_text(source, validation_split_percentage=0)
                 want.append(rows.as_numpy_rows(rows.from_text(raw, rows.blocks(tokenizer, 32), 32)["train"]))
             want = np.concatenate(want)
         assert np.array_equal(all_rows(got[split]), want), split
-    assert cache.exists() == (kind == "jsonl")  # byte ranges: the text never copied
+    assert cache.exists() == (kind == "csv")  # ranges: the text never copied
 
 
-@pytest.mark.parametrize("keep_linebreaks", [False, True])
+@pytest.mark.parametrize("kind,keep_linebreaks", [("txt", False), ("txt", True), ("jsonl", False),
+                                                   ("parquet", False)])
 @pytest.mark.parametrize("held_out", [0, 10])
-def test_byte_ranges_read_the_texts_load_raw_text_reads(keep_linebreaks, held_out, tmp_path, monkeypatch):
-    """Two files cut into 1, 3 and 7 ranges, read in blocks of 97 bytes: the splits' texts (held-out ones too) are
-    load_raw_text's, with CRLF and lone CR line ends, Unicode spaces and separators, blank lines, and a last line
-    without a line break; bytes that are not UTF-8 are named by file and line."""
+def test_ranges_read_the_texts_load_raw_text_reads(kind, keep_linebreaks, held_out, tmp_path, monkeypatch):
+    """Two files cut into 1, 3 and 7 ranges, read in blocks of 97 bytes (parquet: batches of 64 rows in groups of
+    300): the splits' texts (held-out ones too) are load_raw_text's, with CRLF and lone CR line ends, Unicode spaces
+    and separators, blank lines, and a last line without a line break (JSON Lines: objects without the text or with
+    null, blank lines, escapes; parquet: nulls); bytes that are not UTF-8, and lines that are not objects with a
+    string text, are named by file and line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from flaxlm.data import text_ranges
     rng = np.random.default_rng(0)
     words = ["hei", "på", "deg", "\u3000", "\x0c", "a\u2028b", "c\x85d", "  ", "\t", "æøå", "x\ry", "z\r\nw", ""]
     paths = []
-    for name, n, end in (("a.txt", 3000, "\n"), ("b.txt", 2000, "")):
+    for name, n, end in (("a", 3000, "\n"), ("b", 2000, "")):
         lines = ["".join(rng.choice(words, rng.integers(0, 6))) for _ in range(n)]
-        (tmp_path / name).write_bytes(("\n".join(lines) + end).encode("utf-8"))
-        paths.append(str(tmp_path / name))
+        if kind == "jsonl":
+            lines[0] = lines[0] or "first"  # a file is JSON Lines when its first object holds a text
+        path = tmp_path / f"{name}.{kind}"
+        if kind == "parquet":
+            texts = [None if i % 19 == 18 else line for i, line in enumerate(lines)]
+            pq.write_table(pa.table({"id": range(n), "text": texts}), path, row_group_size=300)
+        else:
+            path.write_bytes(as_jsonl(lines, end) if kind == "jsonl" else ("\n".join(lines) + end).encode("utf-8"))
+        paths.append(str(path))
     monkeypatch.setattr(text_ranges, "BLOCK", 97)
+    monkeypatch.setattr(text_ranges, "PARQUET_BATCH", 64)
     source = TextSourceArgs(train_file=paths, cache_dir=str(tmp_path / "cache"))
     want = load_raw_text(source, held_out, 7, keep_linebreaks=keep_linebreaks)
     splits = text_ranges.file_splits(source, held_out, 7, keep_linebreaks=keep_linebreaks)
@@ -170,10 +218,35 @@ def test_byte_ranges_read_the_texts_load_raw_text_reads(keep_linebreaks, held_ou
         for split, ds in want.items():
             got = [t for j, span in enumerate(plan[split]) for texts in counted[split].texts(span, j) for t in texts]
             assert got == ds["text"], (k, split)
-    (tmp_path / "bad.txt").write_bytes(("en\n" * 50 + "to\ntre \xe6\n").encode("utf-8") + b"fire \xe6\n")
-    bad = text_ranges.file_splits(TextSourceArgs(train_file=[str(tmp_path / "bad.txt")]), 0)
-    with pytest.raises(UserError, match=r"--train_file .*bad.txt line 53 is not UTF-8 text \(byte 0xe6"):
-        list(bad["train"].texts((0, os.path.getsize(tmp_path / "bad.txt")), 0))
+    if kind == "parquet":  # a text column chosen as load_raw_text chooses it; files of other columns: datasets reads
+        plan = preparing.plan_jobs(splits, 4)
+        said = preparing.describe_share(plan, preparing.share(plan, 1, 2), splits)
+        assert said.endswith(f"it reads {len(splits) * 2500:,} of the {len(splits) * 5000:,} rows of text"), said
+        two = tmp_path / "two.parquet"
+        pq.write_table(pa.table({"title": ["a"], "body": ["b"]}), two)
+        with pytest.raises(UserError, match=r"cannot tell which column of --train_file .*two.parquet holds the text "
+                                            r"\(columns: title, body\); pass --text_column"):
+            text_ranges.file_splits(TextSourceArgs(train_file=[str(two)]), 0)
+        assert text_ranges.file_splits(TextSourceArgs(train_file=[str(two)], text_column="body"), 0)["train"].column \
+            == "body"
+        assert text_ranges.file_splits(TextSourceArgs(train_file=[str(two), paths[0]]), 0) is None
+        return
+    if kind == "txt":
+        bad = ("en\n" * 50 + "to\ntre \xe6\n").encode() + b"fire \xe6\n"
+        problem = r"line 53 is not UTF-8 text \(byte 0xe6"
+    else:
+        bad = ('{"text": "en"}\n' * 50 + '{"text": "to"}\n{"text": 3}\n').encode()
+        problem = r"line 52 is not a JSON object with a string under \"text\" \('\{\"text\": 3\}'\)"
+    (tmp_path / f"bad.{kind}").write_bytes(bad)
+    bad = text_ranges.file_splits(TextSourceArgs(train_file=[str(tmp_path / f"bad.{kind}")]), 0)
+    with pytest.raises(UserError, match=rf"--train_file .*bad.{kind} {problem}"):
+        list(bad["train"].texts((0, os.path.getsize(tmp_path / f"bad.{kind}")), 0))
+    if kind == "jsonl":  # not JSON Lines with a text in its first object: datasets reads it (and names the columns)
+        for first in ('[{"text": "a"}]', '{"body": "a"}', '{"text": 1}', '{\n "text": "a"}'):
+            (tmp_path / "other.json").write_text(first + "\n")
+            assert text_ranges.file_splits(TextSourceArgs(train_file=[str(tmp_path / "other.json")]), 0) is None
+        assert text_ranges.file_splits(TextSourceArgs(train_file=[str(tmp_path / "other.json")], text_column="b"),
+                                       0) is None
 
 
 def test_an_interrupted_preparation_continues_to_the_same_rows(model_dir, text, tmp_path, monkeypatch):
@@ -203,9 +276,11 @@ def test_an_interrupted_preparation_continues_to_the_same_rows(model_dir, text, 
     assert len(straight["train"].shards) == 3
     for split in straight:
         assert np.array_equal(all_rows(resumed[split]), all_rows(straight[split]))
-    data = bytearray(first.read_bytes())
-    data[5] ^= 1
-    first.write_bytes(bytes(data))
+    last = tmp_path / "resumed" / f"{straight['train'].shards[-1][1]['name']}.input_ids"
+    for damaged in (last, first):  # checked at once in threads; the first in order is named
+        data = bytearray(damaged.read_bytes())
+        data[5] ^= 1
+        damaged.write_bytes(bytes(data))
     with pytest.raises(UserError, match=f"{finished[0]}.input_ids does not match its checksum"):
         load(model_dir, tmp_path / "resumed")
     prepare(model_dir, text, tmp_path / "resumed", *flags)  # makes the damaged shard again

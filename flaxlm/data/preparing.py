@@ -4,16 +4,17 @@
     prepare(out_dir, raw, plan, make_rows, length, about, num_workers=4)
     write_manifest(out_dir, plan, about)
 
-The rows equal the ones the training script makes from the same text and options. Plain .txt files are read by
-flaxlm.data.text_ranges (the texts of load_raw_text, held-out validation lines included) in byte ranges cut at line
-starts, one per job, each job reading only its own (so a pod's hosts share the reading; no arrow copy): one job
-gives the script's rows, N jobs the script's rows of each range in turn. Other sources come from load_raw_text,
-their texts cut into min(workers, texts) contiguous ranges as datasets.map(num_proc=N) cuts them (the rows of the
-script's --preprocessing_num_workers N). Each job calls the row function on batches of GROUP_BATCH texts from its
-range's start, as datasets.map does. A job writes its rows into shards of about shard_bytes of text each, closed at
-a batch boundary; a finished shard's record (.json, written last) says where its text ends. So a rerun keeps the
-finished shards whose size and checksum hold, continues each job after its last one, and ends with the same rows.
-Memory stays flat: one batch of texts and one shard's open files per worker.
+The rows equal the ones the training script makes from the same text and options. Plain .txt, JSON Lines and parquet
+files are read by flaxlm.data.text_ranges (the texts of load_raw_text, held-out validation lines included) in byte
+ranges cut at line starts (parquet: row ranges), one per job, each job reading only its own (so a pod's hosts share
+the reading; no arrow copy): one job gives the script's rows, N jobs the script's rows of each range in turn. Other
+sources come from load_raw_text, their texts cut into min(workers, texts) contiguous ranges as
+datasets.map(num_proc=N) cuts them (the rows of the script's --preprocessing_num_workers N). Each job calls the row
+function on batches of GROUP_BATCH texts from its range's start, as datasets.map does. A job writes its rows into
+shards of about shard_bytes of text each, closed at a batch boundary; a finished shard's record (.json, written
+last) says where its text ends. So a rerun keeps the finished shards whose size and checksum hold, continues each
+job after its last one, and ends with the same rows. Memory stays flat: one batch of texts and one shard's open
+files per worker.
 
 On a pod, every process runs the same command: the plan has workers x processes jobs per split, each process runs
 its contiguous block of them (share) into the one shared out_dir, and process 0 writes the manifest once all have
@@ -22,6 +23,7 @@ equal those of one process with as many workers, and a rerun with another split 
 """
 import concurrent.futures
 import glob
+import itertools
 import json
 import multiprocessing
 import os
@@ -35,7 +37,7 @@ import numpy as np
 from flaxlm.data import prepared
 from flaxlm.data.rows import GROUP_BATCH, jax_started, rows_of_batch
 from flaxlm.data.text import file_list, iter_texts, one_dataset
-from flaxlm.data.text_ranges import FileSplit, count_lines, cut
+from flaxlm.data.text_ranges import FileSplit, contiguous
 from flaxlm.errors import UserError
 
 PLAN = "prepare.json"  # the settings of a preparation under way (a rerun must have the same to continue it)
@@ -43,45 +45,49 @@ PLAN = "prepare.json"  # the settings of a preparation under way (a rerun must h
 
 def plan_jobs(raw, num_jobs):
     """{split: [(start, end), ...]}: the ranges of each split's jobs, num_jobs of them (the workers of every
-    process; fewer for a split of fewer texts): byte ranges of a FileSplit's files, cut at line starts (a held-out
-    validation split has the train split's), or text ranges of a Dataset; a stream is one job (None, None)."""
+    process; fewer for a split of fewer texts): a FileSplit's ranges (bytes of its files cut at line starts, or rows
+    of parquet files; a held-out validation split has the train split's), or text ranges of a Dataset; a stream's
+    jobs are (None, num_jobs): each reads the whole stream and makes the rows of every num_jobs-th batch of
+    GROUP_BATCH texts (a batch's rows do not depend on the others', so together they make one job's rows)."""
     plan = {}
     for split, ds in raw.items():
         if isinstance(ds, FileSplit):
-            plan[split] = cut(ds.files, num_jobs or 1)
-            continue
-        if isinstance(ds, datasets.IterableDataset):
-            plan[split] = [(None, None)]
-            continue
-        n, k = len(ds), max(1, min(num_jobs or 1, len(ds)))
-        div, mod = divmod(n, k)  # datasets' Dataset.shard(contiguous=True)
-        starts = [div * i + min(i, mod) for i in range(k + 1)]
-        plan[split] = list(zip(starts[:-1], starts[1:]))
+            plan[split] = ds.cut(num_jobs or 1)
+        elif isinstance(ds, datasets.IterableDataset):
+            plan[split] = [(None, num_jobs or 1)] * (num_jobs or 1)
+        else:
+            plan[split] = contiguous(len(ds), num_jobs or 1)
     return plan
 
 
-def in_byte_ranges(raw):
-    """Whether every split is read from text files in byte ranges (FileSplit), each job reading only its own."""
-    return all(isinstance(ds, FileSplit) for ds in raw.values())
+def read_in_ranges(raw):
+    """How the jobs read the text: "byte ranges" / "row ranges" / "byte and row ranges" when every split is a
+    FileSplit (each job reading only its own range), else "datasets"."""
+    if not all(isinstance(ds, FileSplit) for ds in raw.values()):
+        return "datasets"
+    units = sorted({ds.unit for ds in raw.values()})
+    return " and ".join(unit[:-1] for unit in units) + " ranges"
 
 
 def share(plan, process, processes):
     """{split: [job index, ...]}: the jobs that process `process` of `processes` runs, each split's jobs cut into
-    contiguous blocks (job j of k goes to process j * processes // k). A split of fewer jobs than processes (a
-    stream is one) leaves the last processes without any of it."""
+    contiguous blocks (job j of k goes to process j * processes // k). A split of fewer jobs than processes leaves
+    the last processes without any of it."""
     return {split: [j for j in range(len(ranges)) if j * processes // len(ranges) == process]
             for split, ranges in plan.items()}
 
 
 def describe_share(plan, jobs, raw):
     """Which jobs of the plan `jobs` (a share) holds, in words: 'train jobs 2-3 of 4, validation jobs 2-3 of 4',
-    and for text files read in byte ranges how many bytes of them that is."""
+    and for files read in ranges how many bytes (parquet rows) of them that is."""
     said = ", ".join(f"{split} jobs {js[0]}-{js[-1]} of {len(plan[split])}" if js else f"no {split} job"
                      for split, js in jobs.items())
-    if in_byte_ranges(raw):
-        mine = sum(plan[split][j][1] - plan[split][j][0] for split, js in jobs.items() for j in js)
-        every = sum(ranges[-1][1] for ranges in plan.values())
-        said += f": it reads {mine:,} of the {every:,} bytes of text"
+    if read_in_ranges(raw) != "datasets":
+        for unit in sorted({ds.unit for ds in raw.values()}):
+            splits = [split for split, ds in raw.items() if ds.unit == unit]
+            mine = sum(plan[split][j][1] - plan[split][j][0] for split in splits for j in jobs[split])
+            every = sum(plan[split][-1][1] for split in splits)
+            said += f"; it reads {mine:,} of the {every:,} {unit} of text"
     return said
 
 
@@ -92,7 +98,7 @@ def count_lines_held_out(out_dir, raw, plan, jobs):
         return
     for j in jobs["train"]:
         span = plan["train"][j]
-        _write_json(_lines_path(out_dir, j), {"span": list(span), "lines": count_lines(raw["train"].files, span)})
+        _write_json(_lines_path(out_dir, j), {"span": list(span), "lines": raw["train"].count(span)})
 
 
 def with_lines_counted(out_dir, raw, plan):
@@ -257,8 +263,8 @@ def run_job(job, ds, make_rows, report):
 
 
 def _text_batches(ds, job, skip):
-    """Batches of GROUP_BATCH texts of the job's range of ds (a stream: all of it) from the skip-th text on (a
-    multiple of GROUP_BATCH)."""
+    """Batches of GROUP_BATCH texts of the job's range of ds (a stream: its every end-th batch) from the skip-th
+    text on (a multiple of GROUP_BATCH)."""
     start, end = job["start"], job["end"]
     if isinstance(ds, FileSplit):
         pending, skipped = [], 0
@@ -275,7 +281,7 @@ def _text_batches(ds, job, skip):
             yield pending
         return
     if start is None:
-        for i, texts in enumerate(iter_texts(ds, GROUP_BATCH)):
+        for i, texts in enumerate(itertools.islice(iter_texts(ds, GROUP_BATCH), job["job"], None, end)):
             if i * GROUP_BATCH >= skip:
                 yield texts
         return

@@ -270,35 +270,44 @@ def _root(e):
 def column_types(ds, where):
     """{column: is_string} from the features, or from the first example when a stream has none."""
     if ds.features is not None:
-        return {name: isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")
-                for name, f in ds.features.items()}
+        return feature_types(ds.features)
     first = next(iter(ds.take(1)), None)
     if first is None:
         raise UserError(f"{where} holds no examples; pass a source with text")
     return {name: isinstance(v, str) for name, v in first.items()}
 
 
+def feature_types(features):
+    """{column: is_string} of datasets Features."""
+    return {name: isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")
+            for name, f in features.items()}
+
+
+def text_column(types, src, where):
+    """The column that holds the text, of columns {name: is_string}: --text_column, else "text", else the one
+    string column; a UserError when there is none or several."""
+    listing = ", ".join(types) or "none"
+    if src.text_column:
+        if src.text_column not in types:
+            raise UserError(f"--text_column {src.text_column} is not a column of {where} (columns: {listing}); "
+                            f"pass --text_column with one of them")
+        if not types[src.text_column]:
+            raise UserError(f"--text_column {src.text_column} of {where} does not hold strings; pass a text column")
+        return src.text_column
+    if types.get("text"):
+        return "text"
+    strings = [c for c, is_str in types.items() if is_str]
+    if len(strings) != 1:
+        raise UserError(f"cannot tell which column of {where} holds the text (columns: {listing}); "
+                        f"pass --text_column")
+    return strings[0]
+
+
 def _text_only(ds, src, where, split_off=None):
     """Keep the text column only, named "text", without blank texts; with split_off=(percentage, seed) the
     (train, validation) split of it that hold_out() makes, filtered in the same passes (a dataset filtered
     once reads every later row through an index: three times slower)."""
-    types = column_types(ds, where)
-    listing = ", ".join(types) or "none"
-    if src.text_column:
-        column = src.text_column
-        if column not in types:
-            raise UserError(f"--text_column {column} is not a column of {where} (columns: {listing}); "
-                            f"pass --text_column with one of them")
-        if not types[column]:
-            raise UserError(f"--text_column {column} of {where} does not hold strings; pass a text column")
-    elif types.get("text"):
-        column = "text"
-    else:
-        strings = [c for c, is_str in types.items() if is_str]
-        if len(strings) != 1:
-            raise UserError(f"cannot tell which column of {where} holds the text (columns: {listing}); "
-                            f"pass --text_column")
-        column = strings[0]
+    column = text_column(column_types(ds, where), src, where)
     ds = ds.select_columns([column])
     if column != "text":
         ds = ds.rename_column(column, "text")
@@ -348,8 +357,7 @@ def hold_out(ds, percentage, seed, where, drop_blank=False):
     """
     if isinstance(ds, datasets.IterableDataset):
         k = max(2, round(100 / percentage))
-        return (ds.filter(lambda _, i: i % k != 0, with_indices=True),
-                ds.filter(lambda _, i: i % k == 0, with_indices=True))
+        return tuple(ds.filter(functools.partial(_kth, k=k, held=held), with_indices=True) for held in (False, True))
     n = len(ds)
     n_val = held_out_count(n, percentage, where)
     drawn = dict(n=n, n_val=n_val, seed=seed, chunk=HOLD_OUT_CHUNK, drop_blank=drop_blank)
@@ -362,6 +370,11 @@ def hold_out(ds, percentage, seed, where, drop_blank=False):
     if len(train) == 0 or len(validation) == 0:
         raise _too_little(where)
     return train, validation
+
+
+def _kth(_, i, k, held):
+    """Whether example i of a stream is in the held-out split (held) or the other: every k-th one is held out."""
+    return (i % k == 0) == held
 
 
 def held_out_count(n, percentage, where):
