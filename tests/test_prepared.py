@@ -242,8 +242,8 @@ def test_ranges_read_the_texts_load_raw_text_reads(kind, keep_linebreaks, held_o
     with pytest.raises(UserError, match=rf"--train_file .*bad.{kind} {problem}"):
         list(bad["train"].texts((0, os.path.getsize(tmp_path / f"bad.{kind}")), 0))
     if kind == "jsonl":  # not JSON Lines with a text in its first object: datasets reads it (and names the columns)
-        for first in ('[{"text": "a"}]', '{"body": "a"}', '{"text": 1}', '{\n "text": "a"}'):
-            (tmp_path / "other.json").write_text(first + "\n")
+        for first in ('[{"text": "a"}]', '{"body": "a"}', '{"text": 1}', '{\n "text": "a"}', '\ufeff{"text": "a"}'):
+            (tmp_path / "other.json").write_text(first + "\n", encoding="utf-8")
             assert text_ranges.file_splits(TextSourceArgs(train_file=[str(tmp_path / "other.json")]), 0) is None
         assert text_ranges.file_splits(TextSourceArgs(train_file=[str(tmp_path / "other.json")], text_column="b"),
                                        0) is None

@@ -336,8 +336,8 @@ def _json_lines_column(files, column):
             line = f.readline(FIRST_LINE_LIMIT)
             while line and not line.strip(JSON_SPACE.encode()):
                 line = f.readline(FIRST_LINE_LIMIT)
-        if not isinstance((_json_object(line) or {}).get(column), str):
-            return None
+        if line.startswith(b"\xef\xbb\xbf") or not isinstance((_json_object(line) or {}).get(column), str):
+            return None  # a byte order mark, or no text in the first object: datasets reads it
     return column
 
 
