@@ -68,7 +68,14 @@ def shard_problem(directory, shard, length, dtype, columns, verify=True):
         want = shard["rows"] * length * dtype.itemsize
         if os.path.getsize(path) != want:
             return f"{path} has {os.path.getsize(path)} bytes, not the {want} of its {shard['rows']} rows (truncated?)"
-        if verify and shard_checksum(path) != shard["crc32"][column]:
+    return checksum_problem(directory, shard, columns) if verify else None
+
+
+def checksum_problem(directory, shard, columns):
+    """Which of a shard's files does not match its recorded CRC-32 (damaged), or None: every byte read."""
+    for column in columns:
+        path = os.path.join(directory, f"{shard['name']}.{column}")
+        if shard_checksum(path) != shard["crc32"][column]:
             return f"{path} does not match its checksum (damaged)"
     return None
 
@@ -206,7 +213,7 @@ def _checked_splits(directories, tokenizer, function, length, verify, keep_lineb
     if verify:  # every byte read: at tens of GB the one slow part of a start, so in threads
         pool = ThreadPoolExecutor(CHECK_THREADS)
         try:
-            for problem in pool.map(lambda ds: shard_problem(*ds, length, out["dtype"], out["columns"]), shards_of_all):
+            for problem in pool.map(lambda ds: checksum_problem(*ds, out["columns"]), shards_of_all):
                 _refuse_damaged(problem)
         finally:
             pool.shutdown(cancel_futures=True)  # a damaged shard: the later ones left unread

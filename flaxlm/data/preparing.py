@@ -49,14 +49,14 @@ def plan_jobs(raw, num_jobs):
     of parquet files; a held-out validation split has the train split's), or text ranges of a Dataset; a stream's
     jobs are (None, num_jobs): each reads the whole stream and makes the rows of every num_jobs-th batch of
     GROUP_BATCH texts (a batch's rows do not depend on the others', so together they make one job's rows)."""
-    plan = {}
+    plan, k = {}, num_jobs or 1
     for split, ds in raw.items():
         if isinstance(ds, FileSplit):
-            plan[split] = ds.cut(num_jobs or 1)
+            plan[split] = ds.cut(k)
         elif isinstance(ds, datasets.IterableDataset):
-            plan[split] = [(None, num_jobs or 1)] * (num_jobs or 1)
+            plan[split] = [(None, k)] * k
         else:
-            plan[split] = contiguous(len(ds), num_jobs or 1)
+            plan[split] = contiguous(len(ds), k)
     return plan
 
 

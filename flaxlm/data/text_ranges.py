@@ -156,13 +156,18 @@ def _line_start(files, ends, position):
 
 def _pieces(files, span):
     """(path, start, end) of each file's part of the range span, in file offsets."""
-    start, end = span
+    for i, start, end in _overlaps([os.path.getsize(path) for path in files], span):
+        yield files[i], start, end
+
+
+def _overlaps(sizes, span):
+    """(i, start, end) of the part of the range span in each piece i of these sizes laid end to end (files' bytes,
+    parquet files' rows, a file's row groups), in the piece's offsets; pieces outside span left out."""
     begin = 0
-    for path in files:
-        size = os.path.getsize(path)
-        a, b = max(start, begin), min(end, begin + size)
+    for i, size in enumerate(sizes):
+        a, b = max(span[0], begin), min(span[1], begin + size)
         if a < b:
-            yield path, a - begin, b - begin
+            yield i, a - begin, b - begin
         begin += size
 
 
@@ -271,20 +276,10 @@ def parquet_rows(files):
 def read_parquet_texts(files, span, column):
     """Lists of the `column` values of rows span=(start, end) of parquet files laid end to end (None for null), a
     record batch at a time."""
-    start, end = span
-    begin = 0
-    for path, rows in zip(files, parquet_rows(files)):
-        a, b = max(start, begin) - begin, min(end, begin + rows) - begin
-        begin += rows
-        if a >= b:
-            continue
-        f, first = pq.ParquetFile(path), 0
-        for group in range(f.num_row_groups):
-            size = f.metadata.row_group(group).num_rows
-            lo, hi = max(a, first) - first, min(b, first + size) - first
-            first += size
-            if lo >= hi:
-                continue
+    for i, a, b in _overlaps(parquet_rows(files), span):
+        f = pq.ParquetFile(files[i])
+        groups = [f.metadata.row_group(group).num_rows for group in range(f.num_row_groups)]
+        for group, lo, hi in _overlaps(groups, (a, b)):
             read = 0  # rows of the group before the batch
             for batch in f.iter_batches(PARQUET_BATCH, row_groups=[group], columns=[column]):
                 if read >= hi:
@@ -315,7 +310,7 @@ def file_splits(src, validation_split_percentage=5, seed=42, keep_linebreaks=Fal
                 splits[split] = FileSplit(files, flag, keep_linebreaks)
             elif ext in JSON_LINES and _json_lines_column(files, src.text_column or "text"):
                 splits[split] = FileSplit(files, flag, reader="json lines", column=src.text_column or "text")
-            elif ext in PARQUET and (column := _parquet_column(files, src, f"{flag} {', '.join(files)}")):
+            elif ext in PARQUET and (column := _parquet_column(files, src, FileSplit(files, flag).where)):
                 splits[split] = FileSplit(files, flag, reader="parquet", column=column)
             else:
                 return None
