@@ -1,8 +1,12 @@
-"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh)."""
+"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh), added to the XLA_FLAGS
+the suite runs under (an instruction set to check, --xla_cpu_max_isa=AVX2; a device count given there is kept)."""
 import os
 import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from xla_devices import DEVICES, xla_flags
+
+if not DEVICES.search(os.environ.get("XLA_FLAGS", "")):
+    os.environ["XLA_FLAGS"] = xla_flags(8)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -11,13 +11,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.setups import SUITES, t5_target_length  # noqa: E402
+from xla_devices import xla_flags  # noqa: E402
 
 TINY = SUITES["tiny"]["tasks"]
 
 
 def run_bench(tmp_path, *flags):
     path = tmp_path / "bench.json"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONPATH": ROOT,
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1), "PYTHONPATH": ROOT,
            "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}  # compiles faster; the figures are checked, not their size
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "run.py"), "--suite", "tiny",
                            "--reference", "none", "--json", str(path), *flags],

@@ -20,6 +20,7 @@ from flaxlm.errors import UserError
 from flaxlm.models import hf_io
 from flaxlm.training.mesh import make_mesh
 from flaxlm.training.sharding import state_shardings
+from xla_devices import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # matrices of 8192+ elements: fsdp splits them (smaller ones stay replicated)
@@ -119,7 +120,7 @@ def test_index_naming_a_missing_shard_is_one_line(tmp_path):
 
 
 def run_bench(*args):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8), "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "load_checkpoint.py"), *args], env=env,
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -3,6 +3,7 @@ import os
 
 from flaxlm.training.compile_cache import cache_dir
 from run_helpers import run_script
+from xla_devices import xla_flags
 
 
 def test_rerun_loads_every_compiled_step_from_the_cache(corpus, tmp_path, model_dir_for):
@@ -14,7 +15,7 @@ def test_rerun_loads_every_compiled_step_from_the_cache(corpus, tmp_path, model_
                 "--train_file", corpus["train"], "--validation_file", corpus["validation"], "--max_seq_length", "32",
                 "--per_device_train_batch_size", "2", "--max_steps", "2", "--logging_steps", "1",
                 "--compilation_cache_dir", str(cache)]
-        env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+        env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
         proc = run_script("run_mlm_flax.py", argv, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return sorted(p.name for p in cache.iterdir())

@@ -18,6 +18,7 @@ import pytest
 import run_clm_flax
 from flaxlm.errors import UserError
 from run_helpers import expect_user_error, free_port, read_metrics
+from xla_devices import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -41,7 +42,7 @@ def run_args(model_dir, corpus, out):
 
 def run_two_processes(args, timeout=300, script="run_clm_flax.py"):
     """`script` args as processes 0 and 1 of a 2-process run, 4 CPU devices each; their outputs."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(4), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": ROOT}
     address = f"localhost:{free_port()}"
     procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args,

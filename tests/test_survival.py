@@ -19,6 +19,7 @@ import pytest
 import run_clm_flax
 from run_helpers import read_metrics
 from flaxlm.errors import UserError
+from xla_devices import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 12
@@ -115,7 +116,7 @@ def test_sigterm_on_one_host_stops_every_host_at_the_same_step(model_dir, corpus
     from run_helpers import free_port
     script = tmp_path / "slow_run.py"
     script.write_text(SLOW_SCRIPT.format(root=ROOT))
-    env = dict(os.environ, SLOW_ROWS_S="0.25", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, SLOW_ROWS_S="0.25", XLA_FLAGS=xla_flags(4),
                JAX_PLATFORMS="cpu")
     out, address = tmp_path / "run", f"localhost:{free_port()}"
     procs = [subprocess.Popen([sys.executable, str(script), *run_args(model_dir, corpus, out, "--save_steps", "100"),
