@@ -27,6 +27,7 @@ def main(argv=None):
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
+    from flaxlm.training.compile_for import check_fit
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
@@ -36,7 +37,7 @@ def main(argv=None):
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.training.evaluation import collect_predictions
 
-    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     task = resolve_task(task_args, source.text_column)
 
     # Examples and their labels (class names sorted; a checkpoint's own order kept when it names the same).
@@ -52,8 +53,8 @@ def main(argv=None):
     # Tokenizer and model: the pretrained encoder with a classification head.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, task="sequence_classification",
-                               **classifier_labels(task, names))
+    config, model = load_model(model_args, seed=args.seed, task="sequence_classification", abstract=target is not None,
+                               **classifier_labels(task, names))  # --compile_for: shapes only
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     graphdef, params = split_model(model)
@@ -70,15 +71,18 @@ def main(argv=None):
         print(line, flush=True)
 
     # Devices, batch sizes and the rows of each step.
-    mesh = meshlib.make_mesh()
+    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)
     labeled_test = rows["test"] if "test" in rows and examples["test"].labels is not None else None
+    objective = sentence_objective(graphdef, config, task, width, tokenizer.pad_token_id)
+    if target:  # --compile_for: compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, rows["train"],
+                         config.vocab_size)
     start_fresh(args)  # inputs all read
 
     # Train, evaluating the loss, accuracy and the task's metrics over the whole validation set.
-    objective = sentence_objective(graphdef, config, task, width, tokenizer.pad_token_id)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
                                 mesh, micro_batch, eval_batch, labeled_test, vocab_size=config.vocab_size)
     if params is None:  # --eval_checkpoints: an evaluation job

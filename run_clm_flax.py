@@ -33,18 +33,20 @@ def main(argv=None):
     from flaxlm.data import text_mixture
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.compile_for import check_fit, token_rows
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
-    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    mesh = meshlib.make_mesh()
+    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
     config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
-                               sharding=args.sharding)  # a checkpoint is read straight into its sharding
+                               sharding=args.sharding,  # a checkpoint is read straight into its sharding
+                               abstract=target is not None)  # --compile_for: shapes only
     check_fits(tokenizer, config)
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "
@@ -52,9 +54,13 @@ def main(argv=None):
     block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
     graphdef, params = split_model(model)
 
-    # Devices and batch sizes.
-    mesh = meshlib.make_mesh()
+    # Batch sizes and the objective: every token predicted from the ones before it.
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
+                              head_chunk_rows=args.lm_head_chunk_rows, separate_documents=clm_args.separate_documents)
+    if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
+                         token_rows(block_size, tokenizer), config.vocab_size)
 
     # Text -> documents, each followed by EOS, packed into blocks of block_size -> the blocks of each step.
     if prep.prepared_data:  # rows prepare_data.py made once, checked against this tokenizer and block_size
@@ -75,9 +81,7 @@ def main(argv=None):
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 
-    # Train: every token predicted from the ones before it.
-    objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
-                              head_chunk_rows=args.lm_head_chunk_rows)
+    # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
                                 micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
 

@@ -42,11 +42,12 @@ def main(argv=None):
     from flaxlm.models.family import REPLACED_TOKEN_DETECTION as DISCRIMINATOR
     from flaxlm.objectives.electra import check_pair, electra_objective, join_params, model_params
     from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.compile_for import check_fit, token_rows
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
-    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and the two models: the discriminator (--config_name / --model_name_or_path) and the generator.
     gen_args = dataclasses.replace(model_args, model_type=None, config_name=electra_args.generator_config_name,
@@ -54,9 +55,10 @@ def main(argv=None):
     if not (gen_args.config_name or gen_args.model_name_or_path):
         raise UserError("no generator given; pass --generator_config_name DIR (write one with create_config.py "
                         "--preset electra-small-generator) or --generator_name_or_path DIR to continue one")
-    disc_config, discriminator = load_model(model_args, seed=args.seed, task=DISCRIMINATOR)
+    abstract = target is not None  # --compile_for: shapes only
+    disc_config, discriminator = load_model(model_args, seed=args.seed, task=DISCRIMINATOR, abstract=abstract)
     shared = check_pair(load_config(gen_args.model_name_or_path or gen_args.config_name), disc_config)
-    gen_config, generator = load_model(gen_args, seed=args.seed + 1, script="run_mlm_flax.py")
+    gen_config, generator = load_model(gen_args, seed=args.seed + 1, script="run_mlm_flax.py", abstract=abstract)
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
     check_fits(tokenizer, disc_config)
@@ -66,9 +68,15 @@ def main(argv=None):
     params = join_params(gen_params, disc_params, electra_args.embedding_sharing,  # one pytree
                          new_discriminator=not model_args.model_name_or_path, shared=shared)
 
-    # Devices and batch sizes.
-    mesh = meshlib.make_mesh()
+    # Devices (--compile_for: the TPU slice's), batch sizes and the objective: the generator's MLM loss at the masked
+    # slots + the discriminator's on its samples there.
+    mesh = meshlib.make_mesh(target.devices if target else None)
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, seq_len,
+                                  electra_args.discriminator_weight, electra_args.sampling_temperature)
+    if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
+                         token_rows(seq_len, tokenizer), disc_config.vocab_size)
 
     # Text -> token rows of seq_len (blocks; --line_by_line: lines, packed into rows) -> the rows of each step.
     raw = load_raw_text(source, data_args.validation_split_percentage, args.seed, include_test=args.do_predict)
@@ -81,9 +89,7 @@ def main(argv=None):
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 
-    # Train: the generator's MLM loss at the masked slots + the discriminator's on its samples there.
-    objective = electra_objective(gen_graphdef, disc_graphdef, gen_config, disc_config, masker, seq_len,
-                                  electra_args.discriminator_weight, electra_args.sampling_temperature)
+    # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
                                 micro_batch, eval_batch, test_rows, vocab_size=disc_config.vocab_size)
 

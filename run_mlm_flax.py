@@ -32,18 +32,20 @@ def main(argv=None):
     from flaxlm.data.whole_word_masking import WholeWordMasker
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.compile_for import check_fit, token_rows
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.tokenization.word_boundaries import word_boundaries
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
-    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, script="run_mlm_flax.py", tokenizer=tokenizer)
+    config, model = load_model(model_args, seed=args.seed, script="run_mlm_flax.py", tokenizer=tokenizer,
+                               abstract=target is not None)  # --compile_for: shapes only
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     if mlm_args.whole_word_mask:  # words as the tokenizer's vocabulary marks them
@@ -54,9 +56,13 @@ def main(argv=None):
         masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
     graphdef, params = split_model(model)
 
-    # Devices and batch sizes.
-    mesh = meshlib.make_mesh()
+    # Devices (--compile_for: the TPU slice's), batch sizes and the objective: masked tokens predicted at their slots.
+    mesh = meshlib.make_mesh(target.devices if target else None)
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows)
+    if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
+                         token_rows(seq_len, tokenizer), config.vocab_size)
 
     # Text -> token rows of seq_len (blocks; --line_by_line: lines, packed into rows) -> the rows of each step.
     if prep.prepared_data:  # rows prepare_data.py made once, checked against this tokenizer and seq_len
@@ -76,8 +82,7 @@ def main(argv=None):
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 
-    # Train: masked tokens predicted at their slots only.
-    objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows)
+    # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
                                 micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
 

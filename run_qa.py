@@ -32,6 +32,7 @@ def main(argv=None):
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.models import split_model
+    from flaxlm.training.compile_for import check_fit
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
@@ -41,18 +42,19 @@ def main(argv=None):
     from flaxlm.training.evaluation import collect_predictions
 
     check_sources(source, args)
-    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer and model: the pretrained encoder with a start/end layer (new unless the checkpoint has one).
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, task="question_answering")
+    config, model = load_model(model_args, seed=args.seed, task="question_answering",
+                               abstract=target is not None)  # --compile_for: shapes only
     check_fits(tokenizer, config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     graphdef, params = split_model(model)
 
     # Devices and batch sizes.
-    mesh = meshlib.make_mesh()
+    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # SQuAD questions -> windows of seq_len tokens, labelled with the answer's first and last token.
@@ -68,10 +70,14 @@ def main(argv=None):
         examples = examples[:data_args.max_eval_samples]
         rows, offsets_NL2 = squad_windows(examples, tokenizer, seq_len, qa_args.doc_stride, keep_offsets=True)
         eval_windows = (examples, rows, offsets_NL2)
+    objective = squad_objective(graphdef, config, seq_len, tokenizer.pad_token_id, qa_args, eval_windows)
+    if target:  # --compile_for: compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        sample = train_rows.rows if train_rows else eval_windows[1]
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, sample,
+                         config.vocab_size)
     start_fresh(args)  # inputs all read
 
     # Train: start/end cross-entropy; evaluation reports exact match and F1 over the validation questions.
-    objective = squad_objective(graphdef, config, seq_len, tokenizer.pad_token_id, qa_args, eval_windows)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_windows and eval_windows[1],
                                 total_steps, mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     if params is None:

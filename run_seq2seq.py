@@ -31,6 +31,7 @@ def main(argv=None):
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.models import load_config, split_model
     from flaxlm.models.t5_generation import GenerationOptions
+    from flaxlm.training.compile_for import check_fit
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.data.seq2seq_data import load_pairs, token_rows
@@ -43,7 +44,7 @@ def main(argv=None):
     if args.do_predict:
         raise UserError("run_seq2seq.py evaluates and predicts the validation split only; drop --do_predict and "
                         "pass the examples to predict as --validation_file")
-    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Source/target pairs, each split's in file order.
     pairs = load_pairs(source, task_args.source_column or source.text_column or "source", task_args.target_column,
@@ -56,7 +57,8 @@ def main(argv=None):
                                trust_remote_code=model_args.trust_remote_code)
     if model_path:
         check_seq2seq_model(load_config(model_path), model_path)
-    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py")
+    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py",
+                               abstract=target is not None)  # --compile_for: shapes only
     check_fits(tokenizer, config)
     check_decoder_start(config)
     graphdef, params = split_model(model)
@@ -78,14 +80,17 @@ def main(argv=None):
           flush=True)
 
     # Devices, batch sizes and the rows of each step.
-    mesh = meshlib.make_mesh()
+    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)
+    objective = seq2seq_objective(graphdef, config, widths, opts, tokenizer, val.targets)
+    if target:  # --compile_for: compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, rows["train"],
+                         config.vocab_size)
     start_fresh(args)  # inputs all read
 
     # Train; every evaluation: the loss, then generation and its BLEU / chrF / ROUGE.
-    objective = seq2seq_objective(graphdef, config, widths, opts, tokenizer, val.targets)
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     if params is None:  # --eval_checkpoints: an evaluation job

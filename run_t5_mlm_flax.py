@@ -30,18 +30,20 @@ def main(argv=None):
     from flaxlm.data import text_mixture
     from flaxlm.models import family_of, split_model
     from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.compile_for import check_fit, token_rows
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.data.span_corruption import SpanCorruptor
     from flaxlm.objectives.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
-    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
 
     # Tokenizer, model and the corruption's lengths: raw chunk -> input of max_seq_length + target.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py", tokenizer=tokenizer)
+    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py", tokenizer=tokenizer,
+                               abstract=target is not None)  # --compile_for: shapes only
     check_fits(tokenizer, config)
     check_decoder_start(config)
     inputs_length = resolve_input_length(data_args.max_seq_length, tokenizer)
@@ -50,9 +52,14 @@ def main(argv=None):
                                              decoder_start_token_id=config.decoder_start_token_id)
     graphdef, params = split_model(model)
 
-    # Devices and batch sizes.
-    mesh = meshlib.make_mesh()
+    # Devices (--compile_for: the TPU slice's), batch sizes and the objective: the decoder predicts each sentinel and
+    # the tokens its span replaced.
+    mesh = meshlib.make_mesh(target.devices if target else None)
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows)
+    if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
+                         token_rows(corruptor.raw_length, tokenizer), config.vocab_size)
 
     # Text -> token chunks of the raw length -> the chunks of each step.
     if prep.prepared_data:  # chunks prepare_data.py made once, checked against this tokenizer and raw length
@@ -72,8 +79,7 @@ def main(argv=None):
     train_rows, eval_rows, test_rows, total_steps = rows.run_rows(data, args, global_batch)
     start_fresh(args)  # inputs all read
 
-    # Train: the decoder predicts each sentinel and the tokens its span replaced.
-    objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows)
+    # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
                                 micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
 

@@ -41,10 +41,12 @@ def main(argv=None):
     if flags.print_config:
         print(header + to_yaml(config))
         return
+    training = mode in ("train", "train_and_eval")
+    if config.runtime.compile_for:  # a check for a TPU slice: compiled from shapes, nothing written
+        return compile_for(experiment, config, flags)
     model_dir = flags.model_dir
     if not model_dir:
         raise UserError("missing --model_dir (the run's directory: checkpoints, logs, the export)")
-    training = mode in ("train", "train_and_eval")
 
     # The script's options: the config's leaves, the ones --mode and --model_dir set, and a model built from
     # task.model.preset when pretraining from scratch.
@@ -77,6 +79,26 @@ def main(argv=None):
 
     print(f"running: {shlex.join([experiment.script + '.py', *printable(argv)])}", flush=True)
     importlib.import_module(experiment.script).main(argv)
+
+
+def compile_for(experiment, config, flags):
+    """runtime.compile_for: the experiment's script run with that flag (flaxlm.training.compile_for), no model_dir
+    needed; a model from task.model.preset gets its config.json in a temporary directory."""
+    import tempfile
+    options = {**options_of(config), **MODE_OPTIONS[flags.mode]}
+    if flags.model_dir:
+        options["output_dir"] = flags.model_dir
+    model = config.task.model
+    with tempfile.TemporaryDirectory(prefix="flaxlm-compile-for-") as tmp:
+        if experiment.pretraining and model.preset and not model.config_name and not model.model_name_or_path:
+            if not model.tokenizer_name:
+                raise UserError(f"task.model.preset {model.preset} needs task.model.tokenizer_name (a tokenizer from "
+                                f"train_tokenizer.py) for the vocabulary size; set it, or give task.model.config_name")
+            write_model_config(model, tmp, fresh=True)
+            options["config_name"] = tmp
+        argv = to_argv(experiment.groups, options)
+        print(f"running: {shlex.join([experiment.script + '.py', *printable(argv)])}", flush=True)
+        importlib.import_module(experiment.script).main(argv)
 
 
 def parse_driver_flags(argv):

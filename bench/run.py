@@ -14,6 +14,8 @@
     python bench/run.py --scan_layers --remat_policy dots_saveable   # speed switches (flaxlm.models execution)
     XLA_FLAGS=--xla_force_host_platform_device_count=32 python bench/run.py --suite gpu --memory_only --tasks clm \
         --preset mistral-7b --seq 2048 --sharding fsdp --scan_layers --remat_policy full   # a memory plan
+    python bench/run.py --suite gpu --compile_for v5e-32 --tasks clm --preset mistral-7b --sharding fsdp \
+        --scan_layers --remat_policy full     # the same plan from the TPU compiler (libtpu), per device of a v5e-32
 
 Suites and targets: bench/setups.py. Per objective and config it reports the step time (median over the
 timed steps, run as the training loop runs them: each step dispatched before the previous one is read, so
@@ -24,7 +26,9 @@ arguments + outputs + temporaries - aliased, the compiler's estimate) and the ho
 rows -> objective.collate -> reshape -> meshlib.to_device_batch; with --rows prepared / mixture the rows are
 first read from memory-mapped uint16 shards by the loop's own ShuffledRows / MixedRows), in ms and as a share of
 the step.
---memory_only compiles from abstract inputs (jax.ShapeDtypeStruct) and runs nothing. The CPU compiler's
+--memory_only compiles from abstract inputs (jax.ShapeDtypeStruct) and runs nothing; --compile_for SLICE does that
+for every device of a TPU slice with the TPU compiler (flaxlm.training.tpu_slices; needs libtpu), whose figures are
+what the TPU will hold (a step too big for HBM is the compiler's error, reported as such). The CPU compiler's
 estimate is above an accelerator's: XLA:CPU keeps float32 copies of bfloat16 activations, and without
 --scan_layers its figure does not shrink with --remat_policy (its schedule keeps every layer's residuals
 live); with both it does: roberta-base, batch 256 on one device, fp32, --scan_layers --remat_policy full:
@@ -63,6 +67,8 @@ from flaxlm.errors import UserError, run_main  # noqa: E402
 from flaxlm.models import count_params, create_model, split_model  # noqa: E402
 from flaxlm.models.layer_stack import Execution  # noqa: E402
 from flaxlm.models.presets import build_config  # noqa: E402
+from flaxlm.platform import building_for  # noqa: E402
+from flaxlm.training.compile_for import DoesNotFit, compile_timed  # noqa: E402
 from flaxlm.training.train_step import BatchLayout, compile_train_step, initial_state  # noqa: E402
 
 HF_REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "hf_reference.py")
@@ -109,7 +115,7 @@ def compile_step(task, c, a):
     from flaxlm.training.sharding import state_shardings
     params, objective, row_len = build_objective(task, c, a.dtype, layer_execution(a), a.memory_only,
                                                  a.lm_head_chunk_rows)
-    mesh = meshlib.make_mesh()
+    mesh = meshlib.make_mesh(a.target.devices if a.target else None)
     if c["batch"] % mesh.size:
         raise UserError(f"batch {c['batch']} does not divide over {mesh.size} devices; run on fewer devices")
     layout = BatchLayout.plan(c["batch"], 1, mesh, objective.tokens_per_example, a.cpu_chunk_tokens)
@@ -130,7 +136,8 @@ def compile_step(task, c, a):
     key = jax.random.PRNGKey(0)
     t = time.perf_counter()
     batch_shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in host_batch(0).items()}
-    compiled = step.lower(state_shapes, batch_shapes, key).compile()
+    lowered = step.lower(state_shapes, batch_shapes, key)
+    compiled = compile_timed(lowered)[0] if a.target else lowered.compile()
     return SimpleNamespace(compiled=compiled, compile_s=round(time.perf_counter() - t, 2), params=params,
                            objective=objective, chunks=layout.chunks, mesh=mesh, tx=tx, data=layout.sharding, key=key,
                            host_batch=host_batch, rows_dir=rows_dir,
@@ -150,7 +157,14 @@ def bench_task(task, c, a):
     """Compile the train step for setup c (from abstract inputs) and, unless --memory_only, time a.steps steps
     after two warm-up steps. Returns the figures as a dict."""
     from flaxlm.training.flops import mesh_peak_flops
-    built = compile_step(task, c, a)
+    if a.target:  # traced as for a TPU, compiled by libtpu; a step too big for its HBM is the compiler's error
+        try:
+            with building_for("tpu"):
+                built = compile_step(task, c, a)
+        except DoesNotFit as e:
+            return {"error": f"does not fit {a.target.name}: the TPU compiler says \"{e}\""}
+    else:
+        built = compile_step(task, c, a)
     compiled, params, objective, chunks, mesh, tx, data, key, host_batch = (
         built.compiled, built.params, built.objective, built.chunks, built.mesh, built.tx, built.data, built.key,
         built.host_batch)
@@ -158,13 +172,16 @@ def bench_task(task, c, a):
     parts = {} if mem is None else {"arguments": mem.argument_size_in_bytes, "outputs": mem.output_size_in_bytes,
                                      "temp": mem.temp_size_in_bytes, "aliased": mem.alias_size_in_bytes}
     estimate = parts["arguments"] + parts["outputs"] + parts["temp"] - parts["aliased"] if parts else None
-    r = {"config": c["name"], "dtype": a.dtype, "device": jax.devices()[0].device_kind, "devices": mesh.size,
+    r = {"config": c["name"], "dtype": a.dtype, "device": mesh.devices.flat[0].device_kind, "devices": mesh.size,
          "sharding": a.sharding, "param_dtype": a.param_dtype, "rows": a.rows,
          "state_bytes_per_device": built.state_bytes,
          "params": count_params(params), "batch": c["batch"], "tokens_per_example": objective.tokens_per_example,
          "chunks": chunks, "compile_s": built.compile_s, "memory_estimate_bytes": estimate,
          "memory_estimate_parts": parts, "memory_bytes": estimate,
          "memory_source": "compiler's estimate (memory_analysis: args + outputs + temp - aliased)"}
+    if a.target:
+        r.update(memory_source="the TPU compiler's memory_analysis (args + outputs + temp - aliased)",
+                 hbm_bytes=a.target.hbm_bytes, slice=a.target.name)
     print(f"{task}: compiled in {r['compile_s']} s" + ("" if a.memory_only else f"; timing {a.steps} steps"),
           flush=True)
     if task == "t5":
@@ -331,7 +348,10 @@ def print_table(task, c, r):
                                                               + "collation and transfer)")]
     rows.append(("memory", f"{r['memory_bytes'] / GIB:.3f} GiB" if r["memory_bytes"] else "n/a",
                  f"{r['memory_source']}  {target('memory_gib', lambda v: f'{v} GiB')}".strip()))
-    if r["memory_source"].startswith("compiler"):
+    if r.get("hbm_bytes"):
+        rows.append((f"HBM per device", f"{r['hbm_bytes'] / GIB:.2f} GiB",
+                     f"{r['slice']}: headroom {(r['hbm_bytes'] - r['memory_bytes']) / GIB:.2f} GiB"))
+    if "memory_analysis" in r["memory_source"]:
         rows.append(("  estimate parts", "", ", ".join(f"{k} {v / GIB:.3f}" for k, v in
                                                      r["memory_estimate_parts"].items()) + " GiB"))
     held = r["state_bytes_per_device"]
@@ -372,6 +392,9 @@ def parse_args(argv):
     p.add_argument("--torch_compile", action="store_true", help="gpu suite: torch.compile the reference model")
     p.add_argument("--memory_only", action="store_true",
                    help="only compile each step from abstract inputs and report the compiler's memory estimate")
+    p.add_argument("--compile_for", metavar="SLICE",
+                   help="--memory_only for a TPU slice (v5e-8, v4-32, ...): compiled by the TPU compiler for every "
+                        "device of the slice, on this host (needs libtpu)")
     p.add_argument("--process_per_task", action=argparse.BooleanOptionalAction,
                    help="run each objective in its own process (default: on for the gpu suite)")
     p.add_argument("--rounds", type=int, default=1,
@@ -398,6 +421,10 @@ def parse_args(argv):
                         "memory-mapped shard, or a 3-source mixture of them (bench/row_sources.py)")
     p.add_argument("--worker", metavar="PATH", help=argparse.SUPPRESS)  # bench_in_own_process's child
     a = p.parse_args(argv)
+    a.target = None
+    if a.compile_for:
+        from flaxlm.training.tpu_slices import tpu_slice
+        a.target, a.memory_only = tpu_slice(a.compile_for), True
     suite = SUITES[a.suite]
     if a.preset:
         if a.tasks != ["clm"]:
@@ -406,7 +433,7 @@ def parse_args(argv):
         suite = SUITES[a.suite] = {**suite, "tasks": {**suite["tasks"], "clm": dict(
             name=a.preset, preset=a.preset, vocab=config.vocab_size, hidden=config.hidden_size,
             layers=config.num_hidden_layers, heads=config.num_attention_heads, ff=config.intermediate_size,
-            seq=a.seq or 2048, batch=a.batch or jax.device_count())}}
+            seq=a.seq or 2048, batch=a.batch or (a.target.num_devices if a.target else jax.device_count()))}}
     elif a.seq or a.batch:
         for task in a.tasks:
             suite["tasks"][task] = {**suite["tasks"][task], **({"seq": a.seq} if a.seq else {}),

@@ -156,6 +156,7 @@ def test_param_counts_match_known_sizes():
     assert count_params(build_config("opt-125m")) == 125_239_296
     assert count_params(build_config("opt-350m")) == 331_196_416
     assert 95e6 < count_params(build_config("llama-100m")) < 105e6
+    assert count_params(build_config("llama-3.2-1b")) == 1_235_814_400  # meta-llama/Llama-3.2-1B (tied head)
     # mistralai/Mistral-7B-v0.1 and v0.3, Qwen/Qwen2.5-0.5B, -7B, Qwen/Qwen3-0.6B-Base, -8B-Base (a tied head once)
     assert count_params(build_config("mistral-7b")) == 7_241_732_096
     assert count_params(build_config("mistral-7b-v0.3")) == 7_248_023_552

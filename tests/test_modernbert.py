@@ -58,7 +58,8 @@ def test_hub_config_json_loads(tmp_path):
                                                       "architectures": ["ModernBertForMaskedLM"]}))
     config = models.load_config(tmp_path)
     model = jax.eval_shape(lambda: models.create_model(config))
-    assert model.is_global == tuple(i % 3 == 0 for i in range(22)) and model.half_window == 64
+    assert model.is_global == tuple(i % 3 == 0 for i in range(22))
+    assert model.layers[1].attn.window == 65  # a local layer's keys: at most 64 positions away
     assert_rope_buffers(model, config)
 
 

@@ -225,6 +225,9 @@ def _instance(group, values):
     """The group filled from values; a missing option without a default, or one of the group's
     required_options without a value, is an error."""
     kwargs = {f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values}
+    for f in dataclasses.fields(group):  # a required option that another option's value makes optional
+        if f.name not in kwargs and values.get(f.metadata.get("unless")):
+            kwargs[f.name] = None
     needed = getattr(group, "required_options", ())
     missing = [f.name for f in dataclasses.fields(group)
                if (f.name not in kwargs and f.default is dataclasses.MISSING

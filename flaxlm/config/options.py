@@ -7,6 +7,7 @@ type, default, help and choices, an option may carry:
   minimum   the least value it takes (NaN/inf never pass for a float either)
   set_by    the train.py flag that sets it (train.py's config has no key for it)
   secret    never written to experiment.yaml nor printed (a token)
+  unless    (a required option) the option whose value makes it optional (None then)
 """
 import dataclasses
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import ClassVar
 DTYPES = ("float32", "bfloat16", "float16")
 PARAM_DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")  # flaxlm.models.layer_stack
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
 
 
 def option(default=None, **about):
@@ -32,9 +33,9 @@ def required(**about):
     return dataclasses.field(kw_only=True, metadata=_metadata(**about))
 
 
-def _metadata(help="", key=None, minimum=None, choices=None, aliases=(), set_by=None, secret=None):
+def _metadata(help="", key=None, minimum=None, choices=None, aliases=(), set_by=None, secret=None, unless=None):
     about = {"key": key, "minimum": minimum, "choices": choices, "aliases": aliases, "set_by": set_by,
-             "secret": secret}
+             "secret": secret, "unless": unless}
     return {"help": help, **{name: value for name, value in about.items() if value not in (None, ())}}
 
 
@@ -88,8 +89,10 @@ class ModelArgs(ModelLoadingArgs):
     attention_implementation: str = option("auto", choices=ATTENTION_IMPLEMENTATIONS,
                                            key="task.model.attention_implementation",
                                            help="cudnn = fused flash attention on NVIDIA GPUs, bf16/fp16 only (used "
-                                                "where attention dropout is off: eval, or a rate of 0); xla = "
-                                                "XLA's; auto lets JAX choose")
+                                                "where attention dropout is off: eval, or a rate of 0); splash = the "
+                                                "TPU's flash attention (Pallas; where there is no score bias and no "
+                                                "attention dropout, XLA elsewhere); xla = XLA's; auto lets JAX choose, "
+                                                "and takes splash on a TPU where it applies")
 
 
 @dataclass
@@ -224,6 +227,10 @@ class CausalLMArgs:
     keep_linebreaks: bool = option(True, key="task.data.keep_linebreaks",
                                    help="keep the line breaks of .txt files (lines run on as the file's text; a text "
                                         "without a final line break is a document: EOS follows it)")
+    separate_documents: bool = option(False, key="task.data.separate_documents",
+                                      help="rows stay packed, but no token attends across the EOS that ends its "
+                                           "document, and positions restart after it: each document is computed as "
+                                           "if alone (segment ids, in XLA and splash attention alike)")
 
 
 @dataclass
@@ -241,7 +248,8 @@ class MultiHostArgs:
 
 @dataclass
 class TrainingArgs(MultiHostArgs):
-    output_dir: str = required(set_by="--model_dir", help="where checkpoints, logs and the exported model go")
+    output_dir: str = required(set_by="--model_dir", unless="compile_for",
+                               help="where checkpoints, logs and the exported model go")
     max_steps: int = option(-1, key="trainer.train_steps",
                             help="optimizer steps to train; overrides --num_train_epochs")
     num_train_epochs: float = option(3.0, minimum=0, key="trainer.num_train_epochs",
@@ -334,6 +342,13 @@ class TrainingArgs(MultiHostArgs):
     sharding: str = option("data", choices=("data", "fsdp"), key="runtime.sharding",
                            help="data: every device holds the whole params and optimizer state; fsdp: their large "
                                 "arrays are split over the devices (models too big to replicate)")
+    compile_for: str | None = option(key="runtime.compile_for",
+                                     help="check this run for a TPU slice (v4-8, v5e-8 or v5litepod-8, v5p-8, v6e-16, "
+                                          "...) on any machine: compile its train and eval steps for every device of "
+                                          "the slice from shapes alone (no weights or text read, nothing written; "
+                                          "fine-tuning reads its labeled examples), print what each device holds, "
+                                          "and exit 0 when it fits, 2 when not (needs libtpu: pip install -r "
+                                          "requirements-tpu.txt)")
 
 
 @dataclass

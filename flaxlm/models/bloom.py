@@ -166,4 +166,4 @@ PRESETS = {
 
 BLOOM = Family(model_type="bloom", name="BLOOM", model=BloomForCausalLM, tensor_names=tensor_names,
                normalize=normalize, architecture="BloomForCausalLM", presets=PRESETS, script="run_clm_flax.py",
-               max_length=None)
+               max_length=None, no_splash="its ALiBi adds a bias to the scores")

@@ -522,6 +522,7 @@ DEBERTA_V2 = Family(
     normalize=normalize, architecture="DebertaV2ForMaskedLM", presets=PRESETS, script="run_mlm_flax.py",
     max_length=lambda config: config.max_position_embeddings,
     tie_word_embeddings=lambda config: True,  # the MLM decoder is the word embeddings
+    no_splash="its disentangled relative positions add a bias to the scores",
     fresh_head="mlm_head",
     heads={"sequence_classification": Head(DebertaV2ForSequenceClassification, "DebertaV2ForSequenceClassification",
                                            ("pooler", "classifier")),

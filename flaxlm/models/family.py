@@ -56,6 +56,7 @@ class Family:
     fresh_head: str | None = None  # top-level parameter group a bare checkpoint may lack (started fresh)
     heads: dict = field(default_factory=dict)  # task -> Head (fine-tuning heads, ELECTRA's discriminator)
     head_tensor_names: Callable | None = None  # head_tensor_names(config, task): a Head's model's triples
+    no_splash: str | None = None  # why the Pallas splash kernel cannot compute its attention (XLA's then)
     normalize_for_head: Callable | None = None  # normalize_for_head(config, tensors, notes, task)
 
     def name_map(self, config, task=None):

@@ -18,6 +18,7 @@ from flax import nnx
 
 from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # the flags' choices, named once
 from flaxlm.errors import UserError
+from flaxlm.platform import platform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,14 +40,17 @@ class Execution:
 
     @property
     def attention_implementation(self):
-        """The `implementation` argument of jax.nn.dot_product_attention: None (JAX chooses), "xla" or "cudnn"."""
+        """attention()'s `implementation`: None (JAX chooses; splash on a TPU where it applies), "xla", "cudnn" or
+        "splash"."""
         return None if self.attention == "auto" else self.attention
 
     def check(self, dtype):
         """UserError when this machine or the compute dtype cannot run the chosen attention kernel."""
+        if self.attention == "splash" and platform() == "gpu":
+            raise UserError("--attention_implementation splash is the TPU's kernel; on a GPU use cudnn or auto")
         if self.attention != "cudnn":
             return
-        if jax.default_backend() != "gpu":
+        if platform() != "gpu":
             raise UserError("--attention_implementation cudnn needs an NVIDIA GPU; use auto or xla")
         if jnp.dtype(dtype) == jnp.float32:
             raise UserError("--attention_implementation cudnn needs --dtype bfloat16 or float16; use auto or xla "

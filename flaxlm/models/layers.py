@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models import matmul
+from flaxlm.models import matmul, splash
+from flaxlm.platform import platform
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -189,16 +190,26 @@ class LayerNorm(nnx.LayerNorm):
         return super().__call__(x.astype(jnp.float32)).astype(x.dtype)
 
 
+class Segments(NamedTuple):
+    """Segment ids [B, L] (int32) given to attention() as its mask: a query sees only the keys of its own segment
+    (the documents of a packed row: run_clm_flax.py --separate_documents), causal or not."""
+    ids_BL: Any
+
+
 def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dropout_rate=0.0,
               dropout_key=None, implementation=None, bias=None, window=None, softcap=None):
     """Softmax attention. mask (bool, True = attend): [B, S] hides padding keys, [B, T, S] is a full
-    per-query mask (the KV-cache path); causal: query t sees keys 0..t (T == S). K key/value heads may be
-    fewer than the N query heads (grouped-query attention, N a multiple of K). scale defaults to H**-0.5.
+    per-query mask (the KV-cache path), Segments keeps each query to its segment's keys; causal: query t sees
+    keys 0..t (T == S). K key/value heads may be fewer than the N query heads (grouped-query attention, N a
+    multiple of K). scale defaults to H**-0.5.
     bias: float32 [B or 1, N or 1, T, S] added to the scaled scores (DeBERTa's relative-position scores,
-    BLOOM's ALiBi). window (causal only): query t sees only the keys t - window + 1 .. t (Mistral's and
-    Gemma 2's sliding window, GPT-Neo's local layers). softcap: the scaled scores (plus bias) go through
+    BLOOM's ALiBi). window: query t sees only the keys less than `window` positions away, t - window + 1 .. t
+    when causal (Mistral's and Gemma 2's sliding window, GPT-Neo's local layers), on both sides when not
+    (ModernBERT's local layers). softcap: the scaled scores (plus bias) go through
     softcap * tanh(score / softcap) before the mask (Gemma 2).
 
+    implementation "splash" (and None on a TPU) runs the Pallas splash kernel (flaxlm.models.splash) where it applies:
+    no bias, no dropout in this call, no per-query mask, whole blocks of rows; elsewhere the XLA forms below.
     Without dropout or softcap this is jax.nn.dot_product_attention (with `implementation`: None lets JAX
     choose, "xla", "cudnn"); with a key and rate > 0, or a softcap, the probabilities are computed explicitly
     (float32) so they can be dropped out as Hugging Face does. Causal rows of CAUSAL_HALVES_MIN_LENGTH or more (even) then run as two
@@ -207,18 +218,28 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     rows of 128 on a 2-core CPU).
     """
     (_, T, N, H), S = q_BTNH.shape, k_BSKH.shape[1]
+    scale = 1.0 / math.sqrt(H) if scale is None else scale
+    segments = mask.ids_BL if isinstance(mask, Segments) else None
+    if implementation == "splash" or (implementation is None and platform() == "tpu"):
+        dropping = dropout_key is not None and dropout_rate > 0.0
+        if not splash.where_not(T, S, bias=bias, dropout=dropping, mask_ndim=getattr(mask, "ndim", 2)):
+            if segments is None and mask is not None:  # padding: real tokens one segment, padding another
+                segments = mask.astype(jnp.int32)
+            return splash.splash_attention(q_BTNH, k_BSKH, v_BSKH, causal=causal, scale=scale, window=window,
+                                           segments_BT=segments, softcap=softcap)
+        implementation = None
+    if segments is not None:
+        mask = segments[:, :, None] == segments[:, None, :]
     if mask is not None:
         mask = mask.astype(bool)
         mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]  # [B, 1, T or 1, S]
-    scale = 1.0 / math.sqrt(H) if scale is None else scale
     if bias is not None and implementation == "cudnn":
         bias = bias.astype(q_BTNH.dtype)  # cuDNN takes the bias in the compute dtype
-    if window is not None and not causal:
-        raise ValueError("a sliding window needs causal attention")
     if (dropout_key is None or dropout_rate == 0.0) and softcap is None:
         return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, is_causal=causal,
                                             scale=scale, implementation=implementation,
-                                            local_window_size=None if window is None else (window - 1, 0))
+                                            local_window_size=None if window is None else
+                                            (window - 1, 0 if causal else window - 1))
     K = k_BSKH.shape[2]
     if K != N:  # repeat each key/value head for its group of query heads
         k_BSKH, v_BSKH = jnp.repeat(k_BSKH, N // K, axis=2), jnp.repeat(v_BSKH, N // K, axis=2)
@@ -256,10 +277,13 @@ def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, drop
     if bias is not None:
         logits_BNTS = logits_BNTS + bias.astype(jnp.float32)
     logits_BNTS = soft_cap(logits_BNTS, softcap)
-    if causal:
+    if causal or window is not None:
         distance_TS = jnp.arange(T)[:, None] + offset - jnp.arange(S)[None, :]
-        causal_TS = (distance_TS >= 0) if window is None else (distance_TS >= 0) & (distance_TS < window)
-        mask = causal_TS[None, None] if mask is None else mask & causal_TS[None, None]
+        if causal:
+            seen_TS = (distance_TS >= 0) if window is None else (distance_TS >= 0) & (distance_TS < window)
+        else:
+            seen_TS = jnp.abs(distance_TS) < window
+        mask = seen_TS[None, None] if mask is None else mask & seen_TS[None, None]
     if mask is not None:
         logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)
     probs_BNTS = jax.nn.softmax(logits_BNTS, axis=-1)

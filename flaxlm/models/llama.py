@@ -231,8 +231,8 @@ def normalize(config, tensors, notes):
     return drop_tied_head(config, out, "lm_head.weight", "model.embed_tokens.weight")
 
 
-# Llama-style: RoPE, RMSNorm, SwiGLU, grouped-query attention; llama-100m is our own ~100M shape, llama-tiny is for
-# tests and the CPU demo.
+# Llama-style: RoPE, RMSNorm, SwiGLU, grouped-query attention; llama-3.2-1b is meta-llama/Llama-3.2-1B's config.json,
+# llama-100m is our own ~100M shape, llama-tiny is for tests and the CPU demo.
 _LLAMA = dict(model_type="llama", vocab_size=32000, max_position_embeddings=2048, hidden_act="silu",
               rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.02, attention_bias=False,
               tie_word_embeddings=False, pad_token_id=None, bos_token_id=1, eos_token_id=2)
@@ -244,6 +244,12 @@ def _shape(width, layers, heads, kv_heads, intermediate):
 
 
 PRESETS = {
+    "llama-3.2-1b": {**_LLAMA, **_shape(2048, 16, 32, 8, 8192), "vocab_size": 128256, "max_position_embeddings": 131072,
+                     "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+                                                              "low_freq_factor": 1.0, "rope_type": "llama3",
+                                                              "original_max_position_embeddings": 8192},
+                     "head_dim": 64, "mlp_bias": False, "tie_word_embeddings": True, "bos_token_id": 128000,
+                     "eos_token_id": 128001},
     "llama-100m": {**_LLAMA, **_shape(768, 12, 12, 4, 2048), "tie_word_embeddings": True},
     "llama-tiny": {**_LLAMA, **_shape(64, 2, 4, 2, 176), "vocab_size": 1024, "max_position_embeddings": 256},
 }

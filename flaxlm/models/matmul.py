@@ -15,13 +15,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from flaxlm.platform import platform
+
 
 def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
     """lax.dot_general; on CPU, for x [..., D] times kernel [D, F], with the fast weight gradient above."""
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     plain = (tuple(lhs_contract), tuple(rhs_contract), tuple(lhs_batch), tuple(rhs_batch)) == (
         (x.ndim - 1,), (0,), (), ())
-    if not plain or kernel.ndim != 2 or out_sharding is not None or jax.default_backend() != "cpu":
+    if not plain or kernel.ndim != 2 or out_sharding is not None or platform() != "cpu":
         return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision,
                                    preferred_element_type=preferred_element_type, out_sharding=out_sharding)
     return _matmul(x, kernel, precision, preferred_element_type)
@@ -29,7 +31,7 @@ def dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_
 
 def rows_contracted(a_MK, b_MN, precision=None):
     """a_MK^T @ b_MN, float32 [K, N], the sum over the M rows (a weight gradient); on CPU in the fast form above."""
-    if jax.default_backend() == "cpu":
+    if platform() == "cpu":
         a_KM = jax.lax.optimization_barrier(a_MK.T)
         return jnp.matmul(a_KM, b_MN, precision=precision, preferred_element_type=jnp.float32)
     return jnp.einsum("mk,mn->kn", a_MK, b_MN, precision=precision, preferred_element_type=jnp.float32)

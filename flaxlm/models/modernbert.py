@@ -31,15 +31,16 @@ The layers after the first are alike (whether one is global is an input, not a s
 """
 from types import SimpleNamespace
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models.bert import gather_rows, segment_attention_mask, segment_positions
+from flaxlm.models.bert import gather_rows, segment_positions
 from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefixed, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution, run_layers
-from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, embed,
-                                  fold_key, split_last)
+from flaxlm.models.layers import (LayerNorm, LMHead, Segments, activation, attention, compute_dtype, dense, dropout,
+                                  embed, fold_key, split_last)
 from flaxlm.models.llama import inverse_frequencies, rope
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -85,16 +86,25 @@ class Attention(nnx.Module):
         self.Wqkv = inits.dense(D, 3 * D, dtype, inits.input, rngs, bias)
         self.Wo = inits.dense(D, D, dtype, inits.output, rngs, bias)
         self.num_heads = config.num_attention_heads
+        self.window = config.local_attention // 2 + 1  # a local layer's keys: less than this many positions away
         self.dropout_rate = config.attention_dropout
         self.implementation = execution.attention_implementation
 
-    def __call__(self, x_BLD, positions_BL, inv_freq_R, mask_BLL, key):
+    def __call__(self, x_BLD, positions_BL, inv_freq_R, mask, is_global, key):
+        """mask: the padding [B, L], Segments of packed rows, or None; is_global: a bool, traced under
+        --scan_layers (both kinds of attention are compiled then, and the layer's runs)."""
         (B, L, D), N = x_BLD.shape, self.num_heads
         qkv_BL3NH = self.Wqkv(x_BLD.reshape(B * L, D)).reshape(B, L, 3, N, D // N)
         q_BLNH = rope(qkv_BL3NH[:, :, 0], positions_BL, inv_freq_R)
         k_BLNH = rope(qkv_BL3NH[:, :, 1], positions_BL, inv_freq_R)
-        o_BLNH = attention(q_BLNH, k_BLNH, qkv_BL3NH[:, :, 2], mask_BLL, dropout_rate=self.dropout_rate,
-                           dropout_key=fold_key(key, 0), implementation=self.implementation)
+
+        def attend(window):
+            return attention(q_BLNH, k_BLNH, qkv_BL3NH[:, :, 2], mask, window=window, dropout_rate=self.dropout_rate,
+                             dropout_key=fold_key(key, 0), implementation=self.implementation)
+        if isinstance(is_global, bool):
+            o_BLNH = attend(None if is_global else self.window)
+        else:
+            o_BLNH = jax.lax.cond(is_global, lambda: attend(None), lambda: attend(self.window))
         return dropout(self.Wo(o_BLNH.reshape(B * L, D)), self.dropout_rate, fold_key(key, 1))
 
 
@@ -120,10 +130,10 @@ class EncoderLayer(nnx.Module):
         self.mlp_norm = norm(config, rngs)
         self.mlp = GeGLU(config, dtype, rngs, inits)
 
-    def __call__(self, x_BLD, positions_BL, inv_freq_R, mask_BLL, key):
+    def __call__(self, x_BLD, positions_BL, inv_freq_R, mask, is_global, key):
         B, L, D = x_BLD.shape
         h_BLD = x_BLD if self.attn_norm is None else self.attn_norm(x_BLD)
-        x_MD = x_BLD.reshape(B * L, D) + self.attn(h_BLD, positions_BL, inv_freq_R, mask_BLL, fold_key(key, 0))
+        x_MD = x_BLD.reshape(B * L, D) + self.attn(h_BLD, positions_BL, inv_freq_R, mask, is_global, fold_key(key, 0))
         return (x_MD + self.mlp(self.mlp_norm(x_MD), fold_key(key, 1))).reshape(B, L, D)
 
 
@@ -154,7 +164,6 @@ class ModernBertEncoder(nnx.Module):
         H, inits = config.hidden_size // N, Inits(config)
         self.is_global = global_layers(config)
         self.inv_freq = tuple(rope_frequencies(config, t, H) for t in ("sliding_attention", "full_attention"))
-        self.half_window = config.local_attention // 2
         self.dtype = compute_dtype(dtype)
         self.execution = execution or Execution()
         self.embeddings = Embeddings(config, self.dtype, rngs, inits)
@@ -166,22 +175,18 @@ class ModernBertEncoder(nnx.Module):
         """The final_norm'ed output [B, L, D] (compute dtype); dropout_key=None is eval mode. segment_ids_BL:
         packed rows (1, 2, ... per sequence, 0 = padding): each sequence attends to itself, positions restart."""
         B, L = input_ids_BL.shape
-        if segment_ids_BL is not None:
-            positions_BL, keys_BLL = segment_positions(segment_ids_BL), segment_attention_mask(segment_ids_BL)
+        if segment_ids_BL is not None:  # a packed row's segments are contiguous: a window stays inside its own
+            positions_BL, mask = segment_positions(segment_ids_BL), Segments(segment_ids_BL)
         else:
-            mask_BL = jnp.ones((B, L), bool) if attention_mask_BL is None else attention_mask_BL.astype(bool)
-            positions_BL, keys_BLL = jnp.arange(L, dtype=jnp.int32)[None, :], mask_BL[:, None, :]
-        i_L = jnp.arange(L)
-        near_LL = jnp.abs(i_L[:, None] - i_L[None, :]) <= self.half_window  # a packed row's segments: contiguous
+            positions_BL, mask = jnp.arange(L, dtype=jnp.int32)[None, :], attention_mask_BL
         inv_freq_2R = jnp.asarray(self.inv_freq, jnp.float32)  # [local, global]
 
         def call(i, layer, x_BLD, is_global):
-            mask_BLL = keys_BLL & (near_LL | is_global)[None]
-            return layer(x_BLD, positions_BL, inv_freq_2R[is_global.astype(jnp.int32)], mask_BLL,
+            return layer(x_BLD, positions_BL, inv_freq_2R[jnp.asarray(is_global, jnp.int32)], mask, is_global,
                          fold_key(dropout_key, i + 1))
 
         x_BLD = self.embeddings(input_ids_BL, fold_key(dropout_key, 0))
-        flags = [jnp.asarray(g) for g in self.is_global]
+        flags = list(self.is_global)  # bools; stacked into an array under --scan_layers
         layers = list(self.layers)
         if layers:  # layer 0 differs (no attn_norm); the others are alike: a scan may run them
             x_BLD = call(0, layers[0], x_BLD, flags[0])

@@ -86,7 +86,9 @@ UMT5_PRESETS = {
 
 MT5 = Family(model_type="mt5", name="mT5", model=MT5ForConditionalGeneration, tensor_names=mt5_tensor_names,
              normalize=mt5_normalize, architecture="MT5ForConditionalGeneration", presets=MT5_PRESETS,
-             script="run_t5_mlm_flax.py", tie_word_embeddings=never_tied)
+             script="run_t5_mlm_flax.py", tie_word_embeddings=never_tied,
+             no_splash="its relative position buckets add a bias to the scores")
 UMT5 = Family(model_type="umt5", name="UMT5", model=UMT5ForConditionalGeneration, tensor_names=umt5_tensor_names,
               normalize=umt5_normalize, architecture="UMT5ForConditionalGeneration", presets=UMT5_PRESETS,
-              script="run_t5_mlm_flax.py", tie_word_embeddings=never_tied)
+              script="run_t5_mlm_flax.py", tie_word_embeddings=never_tied,
+              no_splash="its relative position buckets add a bias to the scores")

@@ -5,6 +5,7 @@ from flaxlm.errors import UserError
 from flaxlm.training.flops import decoder_lm_train_flops
 from flaxlm.objectives.lm_loss import head_loss_sums
 from flaxlm.models import apply_hidden, family_of
+from flaxlm.models.layers import Segments
 from flaxlm.training.objective import Objective
 
 MAX_BLOCK_SIZE = 1024  # default block size when the tokenizer allows more (as Hugging Face's run_clm)
@@ -33,14 +34,35 @@ def collate_blocks(rows_BL, rng=None):
     return {"input_ids": rows_BL, "label_weights": np.ones((B, L - 1), np.float32)}
 
 
-def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=None):
+def documents(ids_BL, eos_id):
+    """(segment ids, positions), int32 [B, L], of packed rows whose documents each end with eos_id: a token's
+    segment counts the EOS before it in its row; positions restart at 0 after each EOS."""
+    ends_BL = np.asarray(ids_BL) == eos_id
+    starts_BL = np.concatenate([np.zeros_like(ends_BL[:, :1]), ends_BL[:, :-1]], axis=1)
+    index_BL = np.broadcast_to(np.arange(ends_BL.shape[1]), ends_BL.shape)
+    first_BL = np.maximum.accumulate(np.where(starts_BL, index_BL, 0), axis=1)  # where each token's document starts
+    return np.cumsum(starts_BL, axis=1).astype(np.int32), (index_BL - first_BL).astype(np.int32)
+
+
+def collate_documents(eos_id):
+    """collate_blocks plus each token's document (segment_ids) and its position within it (--separate_documents)."""
+    def collate(rows_BL, rng=None):
+        segments_BL, positions_BL = documents(rows_BL, eos_id)
+        return {**collate_blocks(rows_BL), "segment_ids": segments_BL, "positions": positions_BL}
+    return collate
+
+
+def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=None, separate_documents=False):
     """Objective for run_clm_flax: the head at positions 0..L-2 against the tokens at 1..L-1 (fused with the
-    cross-entropy: flaxlm.objectives.lm_loss; the last position's head is never computed)."""
+    cross-entropy: flaxlm.objectives.lm_loss; the last position's head is never computed). separate_documents:
+    each token attends only within its document (pad_id is the EOS that ends one), at positions from 0 in it."""
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
-        h_BLD, head = apply_hidden(graphdef, params, ids_BL, dropout_key=dropout_key)
+        mask = Segments(batch["segment_ids"]) if separate_documents else None
+        h_BLD, head = apply_hidden(graphdef, params, ids_BL, mask, batch.get("positions"), dropout_key=dropout_key)
         return head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
 
-    return Objective(loss_sums=loss_sums, collate=collate_blocks, pad_id=pad_id, weights_key="label_weights",
+    collate = collate_documents(pad_id) if separate_documents else collate_blocks
+    return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="label_weights",
                      flops_per_example=decoder_lm_train_flops(config, params, 1, block_size),
                      tokens_per_example=block_size)

@@ -86,7 +86,10 @@ def join_params(generator, discriminator, sharing="shared", new_discriminator=Fa
         return {"embeddings": {k: discriminator["embeddings"][k] for k in names},
                 "generator": gen_own, "discriminator": disc_own}
     shared = {k: generator["embeddings"][k] for k in names}
-    delta = jax.tree.map(lambda d, g: jnp.zeros_like(g) if new_discriminator else d - g,
+    def delta_of(d, g):
+        return jnp.zeros_like(g) if new_discriminator else d - g
+    abstract = isinstance(jax.tree.leaves(shared)[0], jax.ShapeDtypeStruct)  # --compile_for: shapes only
+    delta = jax.tree.map(lambda d, g: jax.eval_shape(delta_of, d, g) if abstract else delta_of(d, g),
                          {k: discriminator["embeddings"][k] for k in names}, shared)
     return {"embeddings": shared, "generator": gen_own,
             "discriminator": {**disc_own, "embeddings_delta": delta}}

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from flaxlm.models.matmul import rows_contracted
+from flaxlm.platform import platform as target_platform
 
 CPU_CHUNK_ROWS = 256  # [256, V] float32 logits: 8 MiB at V = 8192; see the timings in head_xent
 ACCELERATOR_CHUNK_LOGITS = 1 << 26  # 256 MiB of float32 logits per chunk and device: big matmuls, bounded memory
@@ -34,7 +35,7 @@ def default_chunk_rows(vocab_size, platform=None):
     as keep a chunk's logits near ACCELERATOR_CHUNK_LOGITS (at least 1024 rows, for big matmuls), so that
     long sequences times a large vocabulary (GPT-2: 32 x 1024 rows x 50257 = 6.6 GB of float32 logits) never
     materialize at once."""
-    if (platform or jax.devices()[0].platform) == "cpu":
+    if (platform or target_platform()) == "cpu":
         return CPU_CHUNK_ROWS
     return max(1024, ACCELERATOR_CHUNK_LOGITS // vocab_size)
 

@@ -23,16 +23,16 @@ from flaxlm.training.run_log import say
 
 def eval_steps_for(objective, mesh, params_sharding):
     """(eval_step, predict_step or None): the objective's loss sums (eval mode) and predictions, jitted."""
-    eval_step = jax.jit(lambda p, b: objective.loss_sums(p, b, None),
-                        in_shardings=(params_sharding, meshlib.batch_sharding(mesh)),
-                        out_shardings=meshlib.replicated(mesh))
+    eval_step = meshlib.on_mesh(jax.jit(lambda p, b: objective.loss_sums(p, b, None),
+                                        in_shardings=(params_sharding, meshlib.batch_sharding(mesh)),
+                                        out_shardings=meshlib.replicated(mesh)), mesh)
     return eval_step, None if objective.predict is None else predict_step_for(objective, mesh, params_sharding)
 
 
 def predict_step_for(objective, mesh, params_sharding=None):
     """objective.predict jitted over the mesh, its outputs whole on every device (read back by the host)."""
-    return jax.jit(objective.predict, in_shardings=(params_sharding, meshlib.batch_sharding(mesh)),
-                   out_shardings=meshlib.replicated(mesh))
+    return meshlib.on_mesh(jax.jit(objective.predict, in_shardings=(params_sharding, meshlib.batch_sharding(mesh)),
+                                   out_shardings=meshlib.replicated(mesh)), mesh)
 
 
 def eval_batches_on_device(objective, rows, global_batch, mesh, seed, desc="eval"):

@@ -66,6 +66,20 @@ def make_mesh(devices=None):
     return Mesh(np.asarray(devices), ("data",))
 
 
+def on_mesh(jitted, mesh):
+    """`jitted` traced and run (and lowered by .lower) with `mesh` as JAX's context mesh (jax.set_mesh), which a
+    kernel that XLA does not partition finds to run per device under shard_map (flaxlm.models.splash)."""
+    def call(*args, **kwargs):
+        with jax.set_mesh(mesh):
+            return jitted(*args, **kwargs)
+
+    def lower(*args, **kwargs):
+        with jax.set_mesh(mesh):
+            return jitted.lower(*args, **kwargs)
+    call.lower = lower
+    return call
+
+
 def replicated(mesh):
     return NamedSharding(mesh, P())
 

@@ -8,18 +8,27 @@ from flaxlm.errors import UserError
 
 def start_run(args, model_args):
     """What every training script does first: join the other hosts of a multi-host run, check --output_dir
-    (flaxlm.training.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access."""
+    (flaxlm.training.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access.
+    With --compile_for none of that (no host joined, nothing written): returns the TPU slice to compile for
+    (flaxlm.training.tpu_slices.Slice); else None."""
     from flaxlm.training import mesh as meshlib
     from flaxlm.training.compile_cache import enable_compilation_cache
     from flaxlm.training.output_dir import check_hub_access, prepare_output_dir
     from flaxlm.training import freeze
     freeze.check_options(args)
-    meshlib.maybe_initialize_distributed(args)
+    if args.compile_for:  # config.json is all it reads of a checkpoint
+        from flaxlm.platform import build_for
+        from flaxlm.training.tpu_slices import tpu_slice
+        target = tpu_slice(args.compile_for)
+        build_for("tpu")  # this process traces its programs for the slice
+        return target
     check_local_checkpoint(model_args.model_name_or_path)
+    meshlib.maybe_initialize_distributed(args)
     prepare_output_dir(args)
     enable_compilation_cache(args.compilation_cache_dir)
     if args.push_to_hub:
         check_hub_access(args.hub_token or model_args.token)
+    return None
 
 
 def check_local_checkpoint(path):
@@ -42,7 +51,8 @@ NO_MODEL_HINTS = {
 }
 
 
-def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=None, sharding="data", **labels):
+def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=None, sharding="data", abstract=False,
+               **labels):
     """(config, model) a script trains: continued from --model_name_or_path, or new from --config_name, or (when
     pretraining, given the tokenizer) new from --model_type's default config sized to the tokenizer, with
     --config_overrides, as Hugging Face's scripts built it.
@@ -53,7 +63,8 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
     that has the head; labels: the classifier's id2label / num_labels / problem_type (task_config).
 
     The parameters are --param_dtype. Given the mesh, a pretrained model's tensors are read straight into the
-    train state's sharding (`sharding`: data or fsdp), a sharded checkpoint shard by shard."""
+    train state's sharding (`sharding`: data or fsdp), a sharded checkpoint shard by shard. abstract (--compile_for):
+    the model's shapes only (jax.ShapeDtypeStruct parameters), no weights read or initialized."""
     from flaxlm.models import create_model, load_config, load_for_task, load_pretrained, model_class, task_config
     from flaxlm.models.hf_io import has_weights, resolve_dir
     check_model_type_known(model_args.model_type, script, task)
@@ -71,11 +82,16 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
         model_class(config, task)  # UserError unless the family has the task's head
     check_model_type(model_args, config)
     execution = model_execution(model_args)
+    say_attention(config, execution.attention)
     param_dtype = getattr(model_args, "param_dtype", "float32")
-    if not model_args.model_name_or_path:  # new, from --config_name or --model_type
+    if not model_args.model_name_or_path or abstract:  # new, from --config_name or --model_type (or shapes only)
         if task is not None:
             config = task_config(config, task, **labels)
-        model = create_model(config, dtype=model_args.dtype, seed=seed, task=task, execution=execution)
+        if abstract:
+            from flax import nnx
+            model = nnx.eval_shape(lambda: create_model(config, dtype=model_args.dtype, task=task, execution=execution))
+        else:
+            model = create_model(config, dtype=model_args.dtype, seed=seed, task=task, execution=execution)
         return config, with_param_dtype(model, param_dtype)
     if task is None:
         shardings = None
@@ -98,7 +114,10 @@ def with_param_dtype(model, param_dtype):
     import jax
     from flaxlm.models import merge_model, split_model
     graphdef, params = split_model(model)
-    return merge_model(graphdef, jax.tree.map(lambda x: x.astype(param_dtype), params))
+
+    def cast(x):  # an abstract model's parameters (--compile_for) are shapes
+        return jax.ShapeDtypeStruct(x.shape, param_dtype) if isinstance(x, jax.ShapeDtypeStruct) else x.astype(param_dtype)
+    return merge_model(graphdef, jax.tree.map(cast, params))
 
 
 def default_config(model_args, tokenizer):
@@ -132,6 +151,27 @@ def check_script_trains(script, config, source):
         other = FAMILIES[config.model_type].script if config.model_type in FAMILIES else None
         hint = f"use {other}" if other else f"use a {' or '.join(model_types)} config"
         raise UserError(f"{source} but {script} trains {', '.join(model_types)}; {hint}")
+
+
+ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop")  # config.json's names
+
+
+def say_attention(config, attention):
+    """One line when --attention_implementation splash meets a model it cannot compute in full: a family whose
+    attention adds a bias to the scores (XLA attention throughout), or attention dropout (XLA while training)."""
+    from flaxlm.models import family_of
+    if attention != "splash":
+        return
+    family = family_of(config)
+    if family.no_splash:
+        print(f"--attention_implementation splash: {family.name} attends with XLA ({family.no_splash}, which the "
+              f"splash kernel cannot take)", flush=True)
+        return
+    rate = next((getattr(config, k) for k in ATTENTION_DROPOUT if getattr(config, k, None)), 0)
+    if rate:
+        print(f"--attention_implementation splash: {family.name} drops out attention probabilities (rate {rate} in "
+              f"config.json), which the splash kernel cannot: XLA attention while training, splash in evaluation "
+              f"(set the rate to 0 for splash throughout)", flush=True)
 
 
 def model_execution(model_args):
@@ -180,19 +220,9 @@ def train_and_evaluate(args, model_args, params, objective, train_rows, eval_row
     (honouring --do_train / --do_eval / --do_predict); returns the final params. With --eval_checkpoints it evaluates
     the saved checkpoints instead (flaxlm.training.eval_job) and returns None. vocab_size: the model's, for
     --train_only embeddings."""
-    import jax
-    from flaxlm.models import decay_mask
-    from flaxlm.training import freeze
-    from flaxlm.training.optim import make_optimizer
-    from flaxlm.training.run_log import RunLog, say
+    from flaxlm.training.run_log import RunLog
     from flaxlm.training.loop import train
-    trainable = freeze.trainable_mask(params, args.train_only, vocab_size) if args.train_only else None
-    if trainable is not None and all(jax.tree.leaves(trainable)):
-        say(f"--train_only {' '.join(args.train_only)} names every parameter: everything trains")
-        trainable = None
-    elif trainable is not None:
-        say(freeze.describe(params, trainable, args.freeze_steps, total_steps))
-    tx, schedule = make_optimizer(args, total_steps, decay_mask(params), trainable)
+    tx, schedule = run_optimizer(args, params, total_steps, vocab_size)
     if args.eval_checkpoints:  # an evaluation job: no training, no export
         from flaxlm.training.eval_job import evaluate_checkpoints
         evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps)
@@ -206,6 +236,23 @@ def train_and_evaluate(args, model_args, params, objective, train_rows, eval_row
                      test_rows=test_rows if args.do_predict else None)
     finally:
         log.close()
+
+
+def run_optimizer(args, params, total_steps, vocab_size=None):
+    """(tx, schedule): the run's optimizer (weight decay off for biases and norms) or, with --train_only, first only
+    those parameters (flaxlm.training.freeze.Phases)."""
+    import jax
+    from flaxlm.models import decay_mask
+    from flaxlm.training import freeze
+    from flaxlm.training.optim import make_optimizer
+    from flaxlm.training.run_log import say
+    trainable = freeze.trainable_mask(params, args.train_only, vocab_size) if args.train_only else None
+    if trainable is not None and all(jax.tree.leaves(trainable)):
+        say(f"--train_only {' '.join(args.train_only)} names every parameter: everything trains")
+        trainable = None
+    elif trainable is not None:
+        say(freeze.describe(params, trainable, args.freeze_steps, total_steps))
+    return make_optimizer(args, total_steps, decay_mask(params), trainable)
 
 
 def export(args, model_args, config, params, tokenizer, load_with):

@@ -1,0 +1,78 @@
+"""Attention through Pallas' splash kernel, the TPU's flash attention (jax.experimental.pallas.ops.tpu.
+splash_attention): the scores are never materialized, and blocks that the mask hides entirely are never computed.
+
+    out_BTNH = splash_attention(q_BTNH, k_BSKH, v_BSKH, causal=True, window=4096, segments_BT=None, scale=H**-0.5)
+
+It takes the masks the families use: causal (a query sees its position and the ones before), a causal sliding
+window (Mistral, Qwen, Gemma 2/3, GPT-Neo's local layers), bidirectional (FullMask) and a bidirectional window
+(ModernBERT's local layers), each with segment ids (a query
+sees only keys of its own segment: the documents of a packed row, or an encoder row's real tokens apart from its
+padding); grouped-query attention (one MQA kernel per key/value head); Gemma 2's soft-capped scores. Not an additive
+bias (T5's buckets, DeBERTa, BLOOM's ALiBi), dropped-out probabilities, a per-query mask (the KV cache), or rows
+that are not a whole number of blocks (128 queries and keys): where_not says why, and attention() then computes with
+XLA.
+
+Under jit over a mesh the kernel runs per device (shard_map over the batch axis "data" of the context mesh, which
+flaxlm.training.mesh.on_mesh sets): a Pallas kernel is not partitioned by XLA. On a CPU it runs in Pallas'
+interpret mode, how its numbers are checked against XLA attention (tests/test_splash.py).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from flaxlm.platform import platform
+
+BLOCK = 128  # rows and keys of one tile
+
+
+def where_not(T, S, *, bias=None, dropout=False, mask_ndim=2):
+    """Why splash attention cannot compute this call ('' when it can)."""
+    if bias is not None:
+        return "an additive bias on the scores (relative positions, ALiBi)"
+    if dropout:
+        return "dropout on the attention probabilities"
+    if mask_ndim == 3:
+        return "a per-query mask (decoding with a KV cache)"
+    if T % BLOCK or S % BLOCK:
+        return f"rows of {T} queries and {S} keys, not whole blocks of {BLOCK}"
+    return ""
+
+
+def _kernel(T, S, heads, causal, window, softcap, interpret):
+    """The splash MQA kernel for `heads` query heads over one key/value head (built where it is traced: its mask
+    tables become constants of that program)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+    if window is not None:  # keys less than `window` away: before a query (causal), or on both sides
+        mask = mask_lib.LocalMask((T, S), (window - 1, 0 if causal else window - 1), offset=0)
+    elif causal:
+        mask = mask_lib.CausalMask((T, S))
+    else:
+        mask = mask_lib.FullMask((T, S))
+    return kernel_lib.make_splash_mqa(mask_lib.MultiHeadMask([mask] * heads), head_shards=1, q_seq_shards=1,
+                                      attn_logits_soft_cap=softcap, interpret=interpret)
+
+
+def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, causal, scale, window=None, segments_BT=None, softcap=None):
+    """Softmax attention of q over k, v as attention() computes it (scores scaled by `scale`, then soft-capped),
+    through the splash kernel. segments_BT: int32 [B, T] (T == S), a query sees only keys of its own segment."""
+    from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
+    (B, T, N, H), (S, K) = q_BTNH.shape, k_BSKH.shape[1:3]
+    kernel = _kernel(T, S, N // K, causal, window, softcap, platform() != "tpu")
+    q_BKGTH = (q_BTNH * jnp.asarray(scale, q_BTNH.dtype)).reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)
+    k_BKSH, v_BKSH = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)
+
+    def one_row(q_KGTH, k_KSH, v_KSH, segments_T):
+        segment_ids = None if segments_T is None else SegmentIds(q=segments_T, kv=segments_T)
+        return jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids))(q_KGTH, k_KSH, v_KSH)
+
+    def rows(q, k, v, segments):
+        return jax.vmap(one_row, in_axes=(0, 0, 0, None if segments is None else 0))(q, k, v, segments)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and "data" in mesh.axis_names and mesh.shape["data"] > 1:
+        specs = (P("data"), P("data"), P("data"), None if segments_BT is None else P("data"))
+        rows = jax.shard_map(rows, mesh=mesh, in_specs=specs, out_specs=P("data"), check_vma=False)
+    out_BKGTH = rows(q_BKGTH, k_BKSH, v_BKSH, segments_BT)
+    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v_BSKH.dtype)

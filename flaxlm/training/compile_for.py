@@ -1,0 +1,212 @@
+"""--compile_for SLICE: a run's train and eval steps compiled for a TPU slice on any host, and whether they fit.
+
+    target = start_run(args, model_args)      # the Slice (flaxlm.training.tpu_slices); nothing written, no host joined
+    config, model = load_model(..., abstract=True)          # shapes only: no weights read
+    mesh = meshlib.make_mesh(target.devices)
+    check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
+              token_rows(seq_len, tokenizer))
+
+The steps are the training loop's own (flaxlm.training.train_step, flaxlm.training.evaluation), traced as for a TPU
+(flaxlm.platform.building_for) and compiled by libtpu for every device of the slice. What one device holds comes from
+the TPU compiler: memory_analysis() of each compiled step (arguments, outputs, temporaries, code) and, for the
+parameters and optimizer state, their shardings. The eval step runs beside the train state (params and optimizer
+state stay in HBM during an evaluation), so its total counts the optimizer state too. A step that does not fit is
+one line with what would help, exit 2; a step the compiler refuses for its size likewise.
+"""
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flaxlm.errors import UserError
+from flaxlm.platform import building_for
+
+GIB = 2 ** 30
+
+
+def token_rows(row_length, tokenizer, n=8):
+    """Placeholder rows [n, row_length] of the tokenizer's ids for a pretraining objective's collate (only their
+    shape matters), above the usual special tokens."""
+    vocab = len(tokenizer)
+    return np.random.default_rng(0).integers(min(8, vocab - 1), vocab, (n, row_length)).astype(np.int32)
+
+
+def batch_shapes(objective, sample_rows, rows, sharding, pieces=None):
+    """The device batch of `rows` rows (collated from sample_rows, repeated) as jax.ShapeDtypeStructs on `sharding`;
+    pieces: the layout's reshape for accumulation."""
+    from flaxlm.data.rows import num_rows, take_rows
+    batch = objective.collate(take_rows(sample_rows, np.arange(rows) % num_rows(sample_rows)),
+                              np.random.default_rng(0))
+    batch = pieces(batch) if pieces else batch
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in batch.items()}
+
+
+def held_bytes(shapes):
+    """Bytes one device holds of a pytree of jax.ShapeDtypeStructs with shardings."""
+    return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
+
+
+def step_bytes(compiled):
+    """{part: bytes per device} of a compiled step from the compiler: arguments, outputs (those not written over
+    the arguments), temporaries and code."""
+    m = compiled.memory_analysis()
+    return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes - m.alias_size_in_bytes,
+            "temporaries": m.temp_size_in_bytes, "code": m.generated_code_size_in_bytes}
+
+
+def compiled_flops(compiled):
+    """FLOPs per device of a compiled step (the compiler's cost analysis), or None."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return (cost or {}).get("flops")
+
+
+def kernels(compiled):
+    """How many Pallas TPU kernels (splash attention's forward and backward) a compiled program calls."""
+    return compiled.as_text().count('custom_call_target="tpu_custom_call"')
+
+
+class DoesNotFit(Exception):
+    """The TPU compiler refused a step for its size: its message's first line."""
+
+
+def compile_timed(lowered):
+    """(compiled, seconds); DoesNotFit when the compiler runs out of HBM."""
+    t = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" in str(e) or "Ran out of memory" in str(e):
+            raise DoesNotFit(str(e).strip().splitlines()[0]) from None
+        raise
+    return compiled, time.perf_counter() - t
+
+
+def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch, sample_rows, vocab_size=None):
+    """Compile the run's train step (the last optimizer phase's: the largest state) and eval step for the slice;
+    returns the figures per device as a dict."""
+    from flaxlm.training.evaluation import eval_steps_for
+    from flaxlm.training.freeze import as_phases
+    from flaxlm.training.pipeline import run_optimizer
+    from flaxlm.training.train_step import BatchLayout, abstract_state, compile_train_step
+    from flaxlm.training import mesh as meshlib
+    with building_for("tpu"):
+        phase = as_phases(run_optimizer(args, params, max(args.max_steps, 1), vocab_size)[0])[-1]
+        state, shardings = abstract_state(params, phase.tx, mesh, args.sharding)
+        layout = BatchLayout.plan(micro_batch, args.gradient_accumulation_steps, mesh, objective.tokens_per_example,
+                                  args.cpu_chunk_tokens)
+        train_batch = batch_shapes(objective, sample_rows, layout.global_batch, layout.sharding, layout.pieces)
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=meshlib.replicated(mesh))
+        step = compile_train_step(objective.loss_sums, phase.tx, layout, shardings, trainable=phase.trainable)
+        train, train_s = compile_timed(step.lower(state, train_batch, key))
+        eval_step = eval_steps_for(objective, mesh, shardings["params"])[0]
+        eval_inputs = batch_shapes(objective, sample_rows, eval_batch, meshlib.batch_sharding(mesh))
+        evaluate, eval_s = compile_timed(eval_step.lower(state["params"], eval_inputs))
+    return {"layout": layout.describe(), "params": held_bytes(state["params"]),
+            "optimizer": held_bytes(state["opt_state"]), "train": step_bytes(train), "eval": step_bytes(evaluate),
+            "train_batch": held_bytes(train_batch), "eval_batch": held_bytes(eval_inputs),
+            "compiled_flops": compiled_flops(train), "kernels": kernels(train),
+            "counted_flops": objective.flops_per_example * layout.global_batch / mesh.size,
+            "compile_s": (train_s, eval_s)}
+
+
+def totals(r):
+    """(train step, eval step) bytes per device: everything the compiler places for the step (its arguments hold
+    the train state and the batch); the eval step's plus the optimizer state it runs beside."""
+    train = sum(r["train"].values())
+    return train, sum(r["eval"].values()) + r["optimizer"]
+
+
+def report(target, r, what):
+    """The table printed for one compiled run (`what`: the run in a line: model, batch, sharding, dtype)."""
+    gib = lambda b: f"{b / GIB:.3f}" if b == 0 or b >= GIB / 1000 else "<0.001"  # noqa: E731
+    train, evaluate = totals(r)
+    hbm = target.hbm_bytes
+    others = r["train"]["arguments"] - r["params"] - r["optimizer"] - r["train_batch"]
+    rows = [("parameters", gib(r["params"]), gib(r["params"])),
+            ("optimizer state", gib(r["optimizer"]), gib(r["optimizer"])),  # the eval step runs beside it
+            ("batch", gib(r["train_batch"]), gib(r["eval_batch"])),
+            ("temporaries", gib(r["train"]["temporaries"]), gib(r["eval"]["temporaries"])),
+            ("code", gib(r["train"]["code"]), gib(r["eval"]["code"])),
+            ("other in and out", gib(others + r["train"]["outputs"]),
+             gib(r["eval"]["arguments"] - r["params"] - r["eval_batch"] + r["eval"]["outputs"])),
+            ("total", gib(train), gib(evaluate)),
+            ("headroom", gib(hbm - train), gib(hbm - evaluate))]
+    gen = target.generation
+    lines = [f"--compile_for {target.name}: {gen.kind}, topology {target.topology}, {target.num_devices} "
+             f"device{'s' if target.num_devices > 1 else ''} on {target.hosts} host{'s' if target.hosts > 1 else ''}, "
+             f"{gen.hbm_gib} GiB of HBM per device",
+             what, f"  {'per device (GiB)':<22}{'train step':>14}{'eval step':>14}"]
+    lines += [f"  {name:<22}{a:>14}{b:>14}" for name, a, b in rows]
+    compiled, counted = r["compiled_flops"], r["counted_flops"]
+    lines.append(f"  FLOPs per device and step: {compiled:.4g} in the compiled program, {counted:.4g} counted by "
+                 f"flaxlm.training.flops" if compiled else f"  FLOPs per device and step: {counted:.4g} (counted)")
+    lines.append(f"  Pallas kernel calls in the train step: {r['kernels']} (splash attention)")
+    lines.append(f"  compiled in {r['compile_s'][0]:.1f} s (train step) + {r['compile_s'][1]:.1f} s (eval step)")
+    return "\n".join(lines)
+
+
+def remedies(target, args, model_args):
+    """What would shrink a step's memory, among what the run does not do yet."""
+    out = []
+    if args.sharding == "data" and target.num_devices > 1:
+        out.append("--sharding fsdp")
+    if model_args.remat_policy == "none":
+        out.append("--remat_policy full (or dots_saveable)")
+    if not model_args.scan_layers:
+        out.append("--scan_layers")
+    per_device = args.per_device_train_batch_size
+    if args.train_batch_size:
+        per_device = args.train_batch_size // target.num_devices
+    if per_device > 1:
+        out.append(f"--per_device_train_batch_size {per_device // 2} --gradient_accumulation_steps "
+                   f"{2 * args.gradient_accumulation_steps} (the same global batch)")
+    bigger = [n for n in target.generation.grids if n > int(target.name.rsplit("-", 1)[1])]
+    if bigger:
+        out.append(f"a bigger slice ({target.name.rsplit('-', 1)[0]}-{bigger[0]})")
+    return out
+
+
+def describe_run(args, model_args, params, objective, layout):
+    """'124.6M parameters; global batch 256 (8 devices x 32 x 1 accumulation), 128 tokens a row; --dtype bfloat16,
+    --param_dtype float32, --sharding data, --remat_policy none'."""
+    from flaxlm.models import count_params
+    return (f"{count_params(params) / 1e6:.1f}M parameters; {layout}, {objective.tokens_per_example} tokens a row; "
+            f"--dtype {model_args.dtype}, --param_dtype {model_args.param_dtype}, --sharding {args.sharding}, "
+            f"--remat_policy {model_args.remat_policy}{', --scan_layers' if model_args.scan_layers else ''}")
+
+
+def check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, sample_rows,
+              vocab_size=None):
+    """Compile, print the table and return when both steps fit the slice's HBM; UserError (exit 2) when not."""
+    help_ = "; ".join(remedies(target, args, model_args)) or "a bigger slice"
+    print(f"compiling for {target.name} ({target.topology}, {target.num_devices} "
+          f"device{'s' if target.num_devices > 1 else ''}) ...", flush=True)
+    try:
+        r = compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch, sample_rows, vocab_size)
+    except DoesNotFit as e:
+        raise UserError(f"the run does not fit {target.name}: the TPU compiler says \"{e}\"{over_by(str(e))}; "
+                        f"try {help_}") from None
+    print(report(target, r, describe_run(args, model_args, params, objective, r["layout"])), flush=True)
+    train, evaluate = totals(r)
+    worst = max(train, evaluate)
+    if worst > target.hbm_bytes:
+        step = "train" if train >= evaluate else "eval"
+        raise UserError(f"the run does not fit {target.name}: its {step} step needs {worst / GIB:.2f} GiB per device, "
+                        f"{(worst - target.hbm_bytes) / GIB:.2f} GiB more than the {target.generation.hbm_gib} GiB of "
+                        f"HBM; try {help_}")
+    print(f"fits {target.name}: {worst / GIB:.2f} of {target.generation.hbm_gib} GiB per device at most "
+          f"({(target.hbm_bytes - worst) / GIB:.2f} GiB free)", flush=True)
+    return r
+
+
+def over_by(message):
+    """' (by X GiB)' from the compiler's 'required ... (64.00G) exceeds available HBM (15.75G)', or ''."""
+    sizes = re.findall(r"\((\d+(?:\.\d+)?)([KMGT])\)", message)
+    if len(sizes) < 2:
+        return ""
+    scale = {"K": 2 ** -20, "M": 2 ** -10, "G": 1, "T": 2 ** 10}
+    need, have = (float(v) * scale[u] for v, u in sizes[:2])
+    return f" (over by {need - have:.2f} GiB)"

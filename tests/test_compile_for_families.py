@@ -1,0 +1,27 @@
+"""Every family's tiny preset, trained by its pretraining script with --compile_for v5e-8 --sharding fsdp: the train
+and eval steps compile for the 8 chips of a TPU v5e slice on this CPU (libtpu's compiler) with XLA attention; what
+the script reports is the compiled program's (with the splash kernel: tests/test_splash.py)."""
+import jax
+import pytest
+
+from flaxlm.models import abstract_model, load_config
+from flaxlm.models.registry import FAMILIES
+from tpu_compile import compile_for_v5e_8, needs_libtpu, tiny_preset, tokenizer_kind
+
+
+@needs_libtpu
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_tiny_preset_compiles_for_a_v5e_8_with_fsdp(model_type, model_dir_for, corpus, capsys):
+    model_dir = model_dir_for(tiny_preset(model_type), tokenizer_kind(model_type))
+    r = compile_for_v5e_8(model_type, model_dir, corpus, "xla", 32)
+    out = capsys.readouterr().out
+    assert "--compile_for v5e-8: TPU v5 lite, topology v5e:2x4, 8 devices on 1 host" in out
+    assert "fits v5e-8" in out
+    # The program is the whole step: its FLOPs per chip are those counted for a global batch of 16 over 8 chips, up
+    # to what the count leaves out (norms, softmax, the optimizer) and the tiny widths' rounding.
+    assert 0.7 < r["compiled_flops"] / r["counted_flops"] < 1.6
+    # fsdp: the embeddings (the only arrays of the tiny models big enough to split) lie in eighths over the chips.
+    whole = sum(p.size * 4 for p in jax.tree.leaves(abstract_model(load_config(model_dir))[1]))
+    assert r["params"] < whole
+    assert r["train"]["arguments"] >= r["params"] + r["optimizer"] + r["train_batch"] and r["train"]["code"] > 0
+    assert r["kernels"] == 0  # XLA attention: no Pallas kernel
