@@ -20,15 +20,10 @@ def platform():
     return _TARGET.get() or jax.default_backend()
 
 
-def build_for(name):
-    """From now on trace programs for platform `name` (a process that only compiles for a TPU: --compile_for)."""
-    return _TARGET.set(name)
-
-
 @contextlib.contextmanager
 def building_for(name):
     """Trace (and lower) programs for platform `name` inside this block."""
-    token = build_for(name)
+    token = _TARGET.set(name)
     try:
         yield
     finally:

@@ -87,6 +87,7 @@ def test_nothing_is_written_and_no_output_dir_is_needed(gpt2_dir, corpus, tmp_pa
     assert "global batch 24 (4 devices x 3 x 2 accumulation)" in printed and "fits v4-8" in printed
     assert r["train_batch"] / 6 == r["eval_batch"] / 8  # per device: 2 pieces of 3 rows; 8 rows (the default)
     assert run_clm_flax.main(clm_args(gpt2_dir, corpus, "--compile_for", "v4-8"))["params"] > 0  # no --output_dir
+    assert platform() == "cpu"  # what runs next in this process (a test, a notebook's real run) is built for the CPU
 
 
 def test_a_run_too_big_for_the_slice_is_one_line_with_what_would_help(gpt2_dir, tmp_path, corpus):

@@ -17,11 +17,8 @@ def start_run(args, model_args):
     from flaxlm.training import freeze
     freeze.check_options(args)
     if args.compile_for:  # config.json is all it reads of a checkpoint
-        from flaxlm.platform import build_for
         from flaxlm.training.tpu_slices import tpu_slice
-        target = tpu_slice(args.compile_for)
-        build_for("tpu")  # this process traces its programs for the slice
-        return target
+        return tpu_slice(args.compile_for)  # the steps are traced for it in compile_for.compile_steps
     check_local_checkpoint(model_args.model_name_or_path)
     meshlib.maybe_initialize_distributed(args)
     prepare_output_dir(args)
