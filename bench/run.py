@@ -159,7 +159,7 @@ def bench_task(task, c, a):
     from flaxlm.training.flops import mesh_peak_flops
     if a.target:  # traced as for a TPU, compiled by libtpu; a step too big for its HBM is the compiler's error
         try:
-            with building_for("tpu"):
+            with building_for("tpu", a.target.generation.kind):
                 built = compile_step(task, c, a)
         except DoesNotFit as e:
             return {"error": f"does not fit {a.target.name}: the TPU compiler says \"{e}\""}

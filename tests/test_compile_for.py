@@ -90,6 +90,22 @@ def test_nothing_is_written_and_no_output_dir_is_needed(gpt2_dir, corpus, tmp_pa
     assert platform() == "cpu"  # what runs next in this process (a test, a notebook's real run) is built for the CPU
 
 
+def test_auto_attention_is_splash_from_v4_on_and_xla_on_v3(model_dir_for, corpus, capsys):
+    """Mosaic cannot compile the splash kernel for a TPU v3 (or v2): there `auto` attends with XLA, and an explicit
+    splash is one line; from v4 on `auto` runs the kernel (a Llama: no attention dropout; rows of 128, a multiple of
+    the kernel's blocks)."""
+    llama_dir = model_dir_for("llama-tiny", model_max_length=128)
+
+    def kernels(slice_, *extra):
+        argv = clm_args(llama_dir, corpus, "--compile_for", slice_, *extra)
+        argv[argv.index("--block_size") + 1] = "128"
+        return run_clm_flax.main(argv)["kernels"]
+    assert kernels("v3-8") == 0 and kernels("v4-8") >= 2  # the forward and backward kernels
+    with pytest.raises(UserError, match=r"^--attention_implementation splash needs a TPU v4 or newer: .*TPU v3 "
+                                        r"\(v3-8\); use auto"):
+        kernels("v3-8", "--attention_implementation", "splash")
+
+
 def test_a_run_too_big_for_the_slice_is_one_line_with_what_would_help(gpt2_dir, tmp_path, corpus):
     """A vocabulary of 16M tokens: 2 GiB of float32 embeddings, 6 GiB with AdamW's moments, on each chip of a
     v5e-4 (16 GiB) with --sharding data and a batch whose logits need more: the compiler's or our own verdict,

@@ -18,7 +18,7 @@ from flax import nnx
 
 from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # the flags' choices, named once
 from flaxlm.errors import UserError
-from flaxlm.platform import platform
+from flaxlm.platform import NO_SPLASH_KINDS, device_kind, platform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,8 @@ class Execution:
         """UserError when this machine or the compute dtype cannot run the chosen attention kernel."""
         if self.attention == "splash" and platform() == "gpu":
             raise UserError("--attention_implementation splash is the TPU's kernel; on a GPU use cudnn or auto")
+        if self.attention == "splash" and platform() == "tpu":
+            check_splash_compiles(device_kind())
         if self.attention != "cudnn":
             return
         if platform() != "gpu":
@@ -55,6 +57,13 @@ class Execution:
         if jnp.dtype(dtype) == jnp.float32:
             raise UserError("--attention_implementation cudnn needs --dtype bfloat16 or float16; use auto or xla "
                             "for float32")
+
+
+def check_splash_compiles(kind, where="this TPU"):
+    """UserError when --attention_implementation splash meets a TPU whose compiler cannot build the kernel."""
+    if kind in NO_SPLASH_KINDS:
+        raise UserError(f"--attention_implementation splash needs a TPU v4 or newer: Mosaic cannot compile the splash "
+                        f"kernel for {kind} ({where}); use auto (XLA attention there) or xla")
 
 
 def checkpoint_policy(name):

@@ -12,7 +12,7 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models import matmul, splash
-from flaxlm.platform import platform
+from flaxlm.platform import splash_compiles
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -220,7 +220,7 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     (_, T, N, H), S = q_BTNH.shape, k_BSKH.shape[1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
     segments = mask.ids_BL if isinstance(mask, Segments) else None
-    if implementation == "splash" or (implementation is None and platform() == "tpu"):
+    if implementation == "splash" or (implementation is None and splash_compiles()):
         dropping = dropout_key is not None and dropout_rate > 0.0
         if not splash.where_not(T, S, bias=bias, dropout=dropping, mask_ndim=getattr(mask, "ndim", 2)):
             if segments is None and mask is not None:  # padding: real tokens one segment, padding another

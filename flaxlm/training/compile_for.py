@@ -92,7 +92,7 @@ def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch
     from flaxlm.training.pipeline import run_optimizer
     from flaxlm.training.train_step import BatchLayout, abstract_state, compile_train_step
     from flaxlm.training import mesh as meshlib
-    with building_for("tpu"):
+    with building_for("tpu", target.generation.kind):
         phase = as_phases(run_optimizer(args, params, max(args.max_steps, 1), vocab_size)[0])[-1]
         state, shardings = abstract_state(params, phase.tx, mesh, args.sharding)
         layout = BatchLayout.plan(micro_batch, args.gradient_accumulation_steps, mesh, objective.tokens_per_example,
@@ -181,6 +181,9 @@ def describe_run(args, model_args, params, objective, layout):
 def check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, sample_rows,
               vocab_size=None):
     """Compile, print the table and return when both steps fit the slice's HBM; UserError (exit 2) when not."""
+    if model_args.attention_implementation == "splash":
+        from flaxlm.models.layer_stack import check_splash_compiles
+        check_splash_compiles(target.generation.kind, target.name)
     help_ = "; ".join(remedies(target, args, model_args)) or "a bigger slice"
     print(f"compiling for {target.name} ({target.topology}, {target.num_devices} "
           f"device{'s' if target.num_devices > 1 else ''}) ...", flush=True)
