@@ -20,7 +20,7 @@ def as_pin(text):
 def test_wheel_holds_the_package_and_the_pins(tmp_path):
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info next to pyproject.toml
     shutil.copytree(ROOT / "flaxlm", source / "flaxlm", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "requirements.txt"):
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "requirements-eval.txt"):
         shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path), str(source)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
@@ -32,7 +32,11 @@ def test_wheel_holds_the_package_and_the_pins(tmp_path):
     assert ours <= names, sorted(ours - names)
     pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.strip()[:1] not in ("", "#")]
     required = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
-    assert sorted(map(as_pin, required)) == sorted(map(as_pin, pins))
+    assert sorted(map(as_pin, (r for r in required if "extra ==" not in r))) == sorted(map(as_pin, pins))
+    eval_pins = [line for line in (ROOT / "requirements-eval.txt").read_text().splitlines()
+                 if line.strip()[:1] not in ("", "#")]  # pip install 'flaxlm[eval]': lm-evaluation-harness
+    extra = [r.split(";")[0] for r in required if 'extra == "eval"' in r]
+    assert sorted(map(as_pin, extra)) == sorted(map(as_pin, eval_pins))
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

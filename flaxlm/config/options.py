@@ -399,6 +399,32 @@ class GenerateArgs(ModelLoadingArgs):
 
 
 @dataclass
+class EvaluateLMArgs(ModelLoadingArgs):
+    """evaluate_lm.py's options."""
+    required_options: ClassVar[tuple] = ("model_name_or_path",)
+    validation_file: list[str] | None = option(help="held-out text: txt (a document per line), json/jsonl, csv or "
+                                                    "parquet (a document per record); repeatable")
+    dataset_name: str | None = option(help="a `datasets` dataset to read instead (needs network unless cached)")
+    dataset_config_name: str | None = option(help="configuration of --dataset_name")
+    dataset_split: str = option("test", help="split of --dataset_name to score")
+    text_column: str | None = option(help="column holding the text (default: 'text', else the only string column)")
+    cache_dir: str | None = option(help="where downloaded datasets are cached")
+    max_eval_samples: int | None = option(minimum=1, help="score only the first this many documents")
+    max_length: int | None = option(minimum=2, help="tokens of context the model sees at once (default: its "
+                                                    "positions, e.g. 1024 for GPT-2)")
+    stride: int | None = option(minimum=1, help="a document longer than --max_length goes in windows moved this "
+                                                "many tokens at a time, each predicting only its new tokens, so "
+                                                "every token has at least max_length - stride tokens of context "
+                                                "(default: half of --max_length; --max_length itself: disjoint "
+                                                "windows, as lm-eval's rolling log-likelihood)")
+    per_device_eval_batch_size: int = option(8, minimum=1, help="windows per device per forward pass")
+    sharding: str = option("data", choices=("data", "fsdp"),
+                           help="data: every device holds the whole model; fsdp: the parameters split over the "
+                                "devices (models too big for one)")
+    output_file: str | None = option(help="also write the JSON line of results to this file")
+
+
+@dataclass
 class SentencePredictionArgs:
     task_name: str | None = option(key="task.sentence_prediction.task_name",
                                    help="a GLUE task name (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) picks "

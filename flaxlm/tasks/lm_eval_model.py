@@ -1,0 +1,161 @@
+"""lm-evaluation-harness on the project's JAX models: the model class `flaxlm` (registered with lm-eval when this
+module is imported; lm_eval_flaxlm.py runs lm-eval's own command line with it).
+
+    python lm_eval_flaxlm.py --model flaxlm --model_args pretrained=runs/my-gpt2,dtype=bfloat16 --batch_size 8 \
+        --tasks noreval --output_path results/
+
+It builds on lm-eval's TemplateLM (its context/continuation encoding, empty contexts, request caching) and answers
+the three request kinds as lm-eval's `hf` backend does, token for token: loglikelihood (the continuation's
+log-probability after the context, left-truncated to max_length + 1 tokens, and whether greedy decoding gives it),
+loglikelihood_rolling (a document in lm-eval's disjoint windows after the prefix token: BOS, else EOS) and
+generate_until (greedy, or sampled with do_sample, with the KV cache; the text cut at the first stop string). The
+scoring runs on all devices in a few compiled shapes (flaxlm.tasks.lm_scoring); generation in one left-padded batch
+per group of requests with the same arguments (flaxlm.models.generation).
+
+model_args: pretrained (the model directory), tokenizer (default: pretrained), dtype (float32, bfloat16), max_length
+(default: the model's positions, at most 2048), max_gen_toks (default 256), sharding (data or fsdp), add_bos_token
+(as lm-eval's hf backend). lm-eval's --batch_size is the rows per device of each forward pass (a number).
+"""
+import json
+
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import (_add_special_kwargs, handle_stop_sequences, has_bos_prefix, normalize_gen_kwargs,
+                                  postprocess_generated_text)
+from tqdm.auto import tqdm
+
+from flaxlm.errors import UserError
+
+
+def _flag(value):
+    """A model_args boolean ("True", "false", a bool, or None)."""
+    if value is None or isinstance(value, bool):
+        return value
+    return str(value).lower() in ("1", "true", "yes")
+
+
+@register_model("flaxlm")
+class FlaxLM(TemplateLM):
+    def __init__(self, pretrained, tokenizer=None, dtype="float32", batch_size=8, max_length=None, max_gen_toks=256,
+                 sharding="data", add_bos_token=None, **unused):
+        super().__init__()
+        if not str(batch_size).isdigit() or int(batch_size) < 1:
+            raise UserError(f"batch_size {batch_size} is not a number of rows; pass --batch_size N (rows per device)")
+        from flaxlm.models import CAUSAL_LM_TYPES, load_config, load_pretrained
+        from flaxlm.models.hf_io import resolve_dir
+        from flaxlm.tasks.lm_scoring import Scorer, context_length
+        from flaxlm.tokenization.loading import check_fits, load_tokenizer
+        from flaxlm.training.mesh import make_mesh
+        from flaxlm.training.sharding import state_shardings
+
+        path = resolve_dir(pretrained)
+        config = load_config(path)
+        if config.model_type not in CAUSAL_LM_TYPES:
+            raise UserError(f"{pretrained} holds a {config.model_type} model; lm-eval's flaxlm model takes a causal "
+                            f"LM ({', '.join(CAUSAL_LM_TYPES)})")
+        self.tokenizer = load_tokenizer(tokenizer or path, local_only=True)
+        check_fits(self.tokenizer, config)
+        self._max_length = context_length(config, int(max_length) if max_length else None, "max_length")
+        self.max_gen_toks, self.add_bos_token = int(max_gen_toks), _flag(add_bos_token)
+        self.mesh = make_mesh()
+        _, self.model = load_pretrained(path, dtype, shardings=lambda a: state_shardings(a, self.mesh, sharding))
+        self.pad_id = next((t for t in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id) if t is not None), 0)
+        self.scorer = Scorer(self.model, self.mesh, int(batch_size), self._max_length, self.pad_id, desc="lm-eval")
+        self.batch_rows = int(batch_size) * self.mesh.size
+
+    @property
+    def eot_token_id(self):
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self):
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.tokenizer.eos_token_id
+
+    @property
+    def max_length(self):
+        return self._max_length
+
+    @property
+    def tokenizer_name(self):
+        return self.tokenizer.name_or_path.replace("/", "__")
+
+    def tok_encode(self, string, add_special_tokens=None, left_truncate_len=None, **kwargs):
+        """As lm-eval's hf backend: the tokenizer's special tokens unless add_bos_token says otherwise or the text
+        already starts with the prefix token."""
+        special = _add_special_kwargs(add_special_tokens, self.add_bos_token)
+        if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+            special["add_special_tokens"] = False
+        ids = self.tokenizer.encode(string, **special)
+        return ids[-left_truncate_len:] if left_truncate_len else ids
+
+    def tok_decode(self, tokens, skip_special_tokens=True):
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+        """[(log-likelihood, is_greedy)] of ((context, continuation), context ids, continuation ids) requests."""
+        scored = []
+        for _, context_ids, continuation_ids in requests:
+            ids = (list(context_ids) + list(continuation_ids))[-(self.max_length + 1):]
+            if len(continuation_ids) >= len(ids):
+                raise UserError(f"a continuation of {len(continuation_ids)} tokens leaves no context within "
+                                f"max_length {self.max_length}; raise max_length in --model_args")
+            scored.append((ids, len(ids) - len(continuation_ids)))
+        ll, greedy = self.scorer(scored)
+        out = [(float(a), bool(b)) for a, b in zip(ll, greedy)]
+        for (pair, _, _), result in zip(requests, out):
+            if pair is not None:
+                self.cache_hook.add_partial("loglikelihood", pair, result)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        """Each document's log-likelihood: lm-eval's disjoint windows of max_length after the prefix token."""
+        windows, owner = [], []
+        for i, (string,) in enumerate(req.args for req in requests):
+            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append((None, context, continuation))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, (ll, _) in zip(owner, self._loglikelihood_tokens(windows)):
+            totals[i] += ll
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm=False):
+        """Each request's continuation: greedy (or sampled) with the KV cache until max_gen_toks or EOS, cut at the
+        first stop string; requests with the same arguments share batches."""
+        from flaxlm.models.generation import generate
+        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
+        groups = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
+        out = [None] * len(requests)
+        bar = tqdm(total=len(requests), desc="lm-eval generate_until", disable=disable_tqdm)
+        for indices in groups.values():
+            kwargs = normalize_gen_kwargs(dict(requests[indices[0]].args[1]), self.max_gen_toks)
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+            max_gen_toks = kwargs.pop("max_gen_toks")
+            if max_gen_toks >= self.max_length:
+                raise UserError(f"max_gen_toks {max_gen_toks} leaves no room for a context within max_length "
+                                f"{self.max_length}")
+            temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
+            contexts = {i: self.tok_encode(requests[i].args[0], left_truncate_len=self.max_length - max_gen_toks)
+                        for i in indices}
+            order = sorted(indices, key=lambda i: -len(contexts[i]))  # similar lengths share a batch
+            for start in range(0, len(order), self.batch_rows):
+                chunk = order[start:start + self.batch_rows]
+                generated = generate(self.model, [contexts[i] for i in chunk], max_gen_toks,
+                                     eos_token_id=self.eot_token_id, pad_token_id=self.pad_id,
+                                     temperature=temperature, top_p=float(kwargs.get("top_p", 1.0) or 1.0),
+                                     top_k=int(kwargs.get("top_k", 0) or 0), seed=int(kwargs.get("seed", 0) or 0))
+                for i, tokens in zip(chunk, generated.tokens):
+                    text = postprocess_generated_text(self.tok_decode(tokens), stop=until, think_end_token=None)
+                    out[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                bar.update(len(chunk))
+        bar.close()
+        return out

@@ -1,0 +1,100 @@
+"""Log-likelihoods of token sequences under a causal LM, on all devices, batched into a few fixed shapes: what
+evaluate_lm.py (documents in sliding windows), the suite's few-shot choices and the lm-eval backend share.
+
+    scorer = Scorer(model, mesh, per_device_batch=8, max_length=1024, pad_id=0)
+    ll, greedy = scorer([(ids, first), ...])
+    # per request: ll = sum over k >= first of log p(ids[k] | ids[:k]) (float64 on the host), greedy = whether
+    # argmax decoding picks each of those tokens (lm-eval's is_greedy)
+
+A request's input is ids[:-1], right-padded to a bucket (a power of two from MIN_BUCKET, capped at max_length), so a
+whole evaluation compiles once per bucket; requests are sorted by length so a batch holds similar ones, and the
+results come back in the requests' order. The logits are float32 whatever the compute dtype.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm.auto import tqdm
+
+from flaxlm.models import merge_model, split_model
+from flaxlm.training.mesh import batch_sharding, local_rows, on_mesh, to_device_batch
+
+MIN_BUCKET = 32
+DEFAULT_CONTEXT = 2048  # the context when none is asked for and the model's positions allow more (or have no limit)
+
+
+def context_length(config, requested=None, flag="--max_length"):
+    """The tokens of context the model sees at once: `requested` (checked against the model's positions), else
+    its positions, at most DEFAULT_CONTEXT (BLOOM's ALiBi has no limit)."""
+    from flaxlm.errors import UserError
+    from flaxlm.models import family_of
+    max_length = family_of(config).max_length
+    positions = max_length(config) if max_length else None
+    if requested is None:
+        return min(positions or DEFAULT_CONTEXT, DEFAULT_CONTEXT)
+    if positions is not None and requested > positions:
+        raise UserError(f"{flag} {requested} is more than the model's {positions} positions; use at most {positions}")
+    return requested
+
+
+def bucket(length, max_length):
+    """The padded input length for `length` tokens: the next power of two from MIN_BUCKET, at most max_length."""
+    b = MIN_BUCKET
+    while b < length:
+        b *= 2
+    return min(b, max_length)
+
+
+def token_log_likelihoods(model, ids_BL, mask_BL, targets_BL, weights_BL):
+    """(sum of the weighted targets' log-probabilities [B], whether each weighted target is the argmax [B])."""
+    logits_BLV = model(ids_BL, mask_BL).astype(jnp.float32)
+    logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
+    ll_BL = jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
+    hit_BL = jnp.argmax(logits_BLV, axis=-1) == targets_BL
+    return (ll_BL * weights_BL).sum(-1), jnp.all(hit_BL | (weights_BL == 0), axis=-1)
+
+
+class Scorer:
+    def __init__(self, model, mesh, per_device_batch, max_length, pad_id, desc="scoring"):
+        """model: an nnx causal LM (its parameters placed as the caller wants: replicated or fsdp over mesh);
+        max_length: the longest input (the model's positions)."""
+        self.mesh, self.max_length, self.pad_id, self.desc = mesh, max_length, pad_id, desc
+        self.batch = per_device_batch * mesh.size
+        self.sharding = batch_sharding(mesh)
+        graphdef, params = split_model(model)
+        self.params = params
+
+        @jax.jit
+        def step(params, batch):
+            return token_log_likelihoods(merge_model(graphdef, params), batch["ids"], batch["mask"], batch["targets"],
+                                         batch["weights"])
+        self.step = on_mesh(step, mesh)
+
+    def rows(self, requests, length):
+        """Numpy arrays [batch, length] of up to self.batch requests (the rest filled with weightless padding)."""
+        ids = np.full((self.batch, length), self.pad_id, np.int32)
+        mask, targets, weights = np.zeros_like(ids), np.zeros_like(ids), np.zeros((self.batch, length), np.float32)
+        for r, (tokens, first) in enumerate(requests):
+            n = len(tokens) - 1
+            ids[r, :n], mask[r, :n], targets[r, :n] = tokens[:-1], 1, tokens[1:]
+            weights[r, max(first, 1) - 1:n] = 1
+        return {"ids": ids, "mask": mask, "targets": targets, "weights": weights}
+
+    def __call__(self, requests):
+        """requests: (ids, first) with 1 <= first < len(ids) <= max_length + 1. Returns (ll [N] float64, greedy [N])."""
+        for ids, first in requests:
+            if not 1 <= first < len(ids) <= self.max_length + 1:
+                raise ValueError(f"a request of {len(ids)} tokens scored from {first} does not fit {self.max_length}")
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
+        ll, greedy = np.zeros(len(requests)), np.zeros(len(requests), bool)
+        local = local_rows(self.batch)
+        for start in tqdm(range(0, len(order), self.batch), desc=self.desc, dynamic_ncols=True,
+                          disable=jax.process_index() != 0 or len(order) <= self.batch):
+            chunk = order[start:start + self.batch]
+            length = bucket(len(requests[chunk[0]][0]) - 1, self.max_length)
+            arrays = self.rows([requests[i] for i in chunk], length)
+            out = self.step(self.params, to_device_batch({k: v[local] for k, v in arrays.items()}, self.sharding))
+            out_ll, out_greedy = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in out)
+            ll[chunk], greedy[chunk] = out_ll[:len(chunk)], out_greedy[:len(chunk)]
+        return ll, greedy
+
