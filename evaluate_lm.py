@@ -22,6 +22,8 @@ from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.config.options import EvaluateLMArgs  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 
+DOCUMENTS = "predictions_validation.jsonl"  # with --output_dir: each document's log-likelihood, tokens and bytes
+
 def read_documents(args):
     """The held-out texts: --validation_file's lines/records, or --dataset_split of --dataset_name."""
     from flaxlm.data import text
@@ -69,6 +71,8 @@ def main(argv=None):
     if stride > max_length:
         raise UserError(f"--stride {stride} is larger than the model's context of {max_length} tokens (--max_length); "
                         f"use at most {max_length}")
+    if args.output_dir:
+        check_output_dir(args)
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     if prefix is None:
         raise UserError(f"the tokenizer of {args.tokenizer_name or args.model_name_or_path} has neither a BOS nor an "
@@ -104,7 +108,29 @@ def main(argv=None):
         if args.output_file:
             with open(args.output_file, "w", encoding="utf-8") as f:
                 f.write(line + "\n")
+        if args.output_dir:
+            per_doc = np.bincount(owner, weights=ll, minlength=len(texts))
+            write_output_dir(args.output_dir, results, [
+                {"log_likelihood": float(x), "tokens": len(d), "bytes": len(t.encode("utf-8"))}
+                for x, d, t in zip(per_doc, ids, texts)])
     return results
+
+
+def check_output_dir(args):
+    """--output_dir writable, and no earlier run's figures in it unless --overwrite_output_dir."""
+    from flaxlm.files import check_writable_dir
+    check_writable_dir(args.output_dir)
+    earlier = os.path.join(args.output_dir, DOCUMENTS)
+    if os.path.exists(earlier) and not args.overwrite_output_dir:
+        raise UserError(f"{earlier} exists; pass --overwrite_output_dir to replace it, or another --output_dir")
+
+
+def write_output_dir(output_dir, results, documents):
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, DOCUMENTS), "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(d) + "\n" for d in documents)
+    with open(os.path.join(output_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 
 Pipeline: options -> the suite file (tasks, their files under --data_dir, their scripts' flags; checked before any
 training) -> the tasks that fit the model (encoders: classification, tagging, NER, QA; T5-style models: seq2seq;
-the others skipped with a line) -> each task run by its script (run_classification.py, run_token_classification.py,
-run_qa.py, run_seq2seq.py) into OUTPUT_DIR/<task>, one after another, a crash reported and the rest run -> each score
+decoders: few-shot choice and generation, bits per byte; the others skipped with a line) -> each task run by its
+script (run_classification.py, run_token_classification.py, run_qa.py, run_seq2seq.py, run_fewshot.py,
+evaluate_lm.py) into OUTPUT_DIR/<task>, one after another, a crash reported and the rest run -> each score
 recomputed from the task's predictions file, with a 95% bootstrap interval over the validation examples and the
-trivial baseline (majority class, most frequent tag per word, copy the source) -> the table, printed and written as
-OUTPUT_DIR/results.json and results.md.
+trivial baseline (majority class, most frequent tag per word, copy the source, --baseline_model's bits per byte)
+-> the table, printed and written as OUTPUT_DIR/results.json and results.md.
 
     python evaluate_suite.py --model_name_or_path runs/my-roberta --suite configs/suites/norwegian.yaml \
         --output_dir runs/my-roberta-suite
@@ -47,9 +48,9 @@ def main(argv=None):
                   f"{args.model_name_or_path} is a model of kind {kind}", flush=True)
     tasks = [t for t in tasks if t.name not in skipped]
     if not tasks:
-        fits = {"encoder": "classification, tagging, ner or qa tasks", "seq2seq": "seq2seq tasks"}.get(kind)
-        raise UserError(f"no task of {args.suite} fits a {kind} model; " + (
-            f"pass a suite with {fits}" if fits else "the suite fine-tunes encoders and T5-style models"))
+        fits = {"encoder": "classification, tagging, ner or qa tasks", "seq2seq": "seq2seq tasks",
+                "decoder": "choice, generate or bits_per_byte tasks"}[kind]
+        raise UserError(f"no task of {args.suite} fits a {kind} model; pass a suite with {fits}")
     for task in tasks:
         script_options(task)  # the flags of the scripts whose options are known here: parsed as they will be
     prepare_output_dir(args.output_dir, tasks, args.overwrite_output_dir)

@@ -229,8 +229,11 @@ def test_norwegian_suite_reads_with_the_shared_data(shared_data):
                        str(shared_data))
     assert [(t.name, t.kind, t.metric) for t in tasks] == [
         ("norec_sentence", "classification", "macro_f1"), ("ud_upos", "tagging", "accuracy"), ("norne", "ner", "f1"),
-        ("nn_nb", "seq2seq", "chrf")]
-    assert all(os.path.isfile(p) for t in tasks for p in t.flags["train_file"])
+        ("nn_nb", "seq2seq", "chrf"), ("norec_sentence_fewshot", "choice", "macro_f1"),
+        ("nn_nb_fewshot", "generate", "chrf"), ("ud_bokmaal_bits_per_byte", "bits_per_byte", "bits_per_byte")]
+    assert all(os.path.isfile(p) for t in tasks for key in ("train_file", "validation_file") for p in t.flags.get(key, []))
+    fewshot, _ = script_options(tasks[4])  # run_fewshot.py's flags; the defaults it has no option for left out
+    assert fewshot.task_type == "choice" and fewshot.prompt == "Tekst: {text}\nSentiment:" and fewshot.seed == 42
     _, source, _, task_args, _ = script_options(tasks[0])
     assert source.validation_file[0].endswith("norec_sentence_binary_dev.json") and task_args.label_column == "label"
     assert script_options(tasks[2])[3].tag_column == "misc:name"  # run_token_classification.py's flags

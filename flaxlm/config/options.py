@@ -422,6 +422,42 @@ class EvaluateLMArgs(ModelLoadingArgs):
                            help="data: every device holds the whole model; fsdp: the parameters split over the "
                                 "devices (models too big for one)")
     output_file: str | None = option(help="also write the JSON line of results to this file")
+    output_dir: str | None = option(help="also write results.json and each document's figures "
+                                         "(predictions_validation.jsonl: log_likelihood, tokens, bytes) here")
+    overwrite_output_dir: bool = option(False, help="replace the files of an earlier run in --output_dir")
+
+
+@dataclass
+class FewShotArgs(ModelLoadingArgs):
+    """run_fewshot.py's options (its text: TextSourceArgs)."""
+    required_options: ClassVar[tuple] = ("model_name_or_path", "output_dir", "prompt")
+    output_dir: str | None = option(help="directory for predictions_validation.jsonl and results.json")
+    overwrite_output_dir: bool = option(False, help="replace the predictions of an earlier run in output_dir")
+    task_type: str = option("choice", choices=("choice", "generate"),
+                            help="choice: each question's answer is the choice its log-likelihood ranks first; "
+                                 "generate: the answer is generated (greedy, the KV cache) up to a stop string")
+    prompt: str | None = option(help="the question as a template over the example's columns, e.g. 'Tekst: {text}\\n"
+                                     "Sentiment:' (the answer follows it)")
+    separator: str = option("\n\n", help="between the solved examples and the question")
+    num_fewshot: int = option(0, minimum=0, help="solved examples from the training split before each question "
+                                                 "(the same ones for every question, drawn by --seed)")
+    label_column: str = option("label", help="choice: the column of the gold label")
+    choices: str | None = option(help="choice: each label's verbalization as JSON, e.g. '{\"Positive\": \" positiv\", "
+                                      "\"Negative\": \" negativ\"}' (what is scored after the prompt)")
+    target: str | None = option(help="generate: the answer as a template over the columns, e.g. ' {nb}' (the "
+                                     "solved examples' answers and the reference)")
+    source_column: str | None = option(help="generate: the column the copy-the-source baseline copies (default: the "
+                                            "first column the prompt names)")
+    stop: list[str] = option(["\n"], help="generate: the answer ends before the first of these strings")
+    max_new_tokens: int = option(64, minimum=1, help="generate: tokens generated at most per question")
+    validation_split_percentage: int = option(0, help="percent of train held out as the questions when there is no "
+                                                      "--validation_file (the fine-tuning scripts' seeded split)")
+    max_train_samples: int | None = option(minimum=1, help="draw the solved examples from the first this many only")
+    max_eval_samples: int | None = option(minimum=1, help="ask only the first this many questions")
+    max_length: int | None = option(minimum=2, help="tokens of context (default: the model's positions, at most "
+                                                    "2048); a longer prompt loses its beginning")
+    per_device_eval_batch_size: int = option(8, minimum=1, help="rows per device per forward pass")
+    seed: int = option(42, minimum=0, help="seed of the solved examples' draw and of the held-out split")
 
 
 @dataclass
@@ -561,5 +597,7 @@ class SuiteArgs:
     bootstrap_resamples: int = option(1000, minimum=1, help="resamples of the validation examples behind each "
                                                            "score's 95 percent interval")
     bootstrap_seed: int = option(0, minimum=0, help="seed of the bootstrap resamples")
+    baseline_model: str | None = option(help="a second causal LM whose bits per byte go beside the model's in the "
+                                             "bits_per_byte tasks (e.g. the source of an adapted model)")
     overwrite_output_dir: bool = option(False, help="run into an output_dir that holds an earlier suite's runs "
                                                     "(each task's predictions are removed before it runs)")

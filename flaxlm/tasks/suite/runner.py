@@ -13,7 +13,7 @@ from flaxlm.errors import UserError
 from flaxlm.files import check_writable_dir
 from flaxlm.tasks.suite.bootstrap import bootstrap_interval
 from flaxlm.tasks.suite.suite_file import KINDS
-from flaxlm.tasks.suite.task_scores import score_task
+from flaxlm.tasks.suite.task_scores import BASELINE_DIR, score_task
 
 SEQ2SEQ_SCRIPT = "run_t5_mlm_flax.py"  # the families pretrained by it are the seq2seq (T5-style) ones
 
@@ -57,10 +57,17 @@ def evaluate_task(task, model_path, output_dir, scripts_dir, args):
     start = time.monotonic()
     if not os.path.isfile(script):
         return {**row, "error": f"{kind.script} not found in {scripts_dir}"}
+    runs = [argv]
+    if task.kind == "bits_per_byte" and getattr(args, "baseline_model", None):  # the same text, the other model
+        runs.append([*argv[:-6], "--model_name_or_path", os.path.abspath(args.baseline_model), "--output_dir",
+                     os.path.join(task_dir, BASELINE_DIR), "--overwrite_output_dir", "true"])
     with open(log, "w", encoding="utf-8") as f:
-        f.write(" ".join(argv) + "\n")
-        f.flush()
-        code = subprocess.run(argv, cwd=scripts_dir, stdout=f, stderr=subprocess.STDOUT).returncode
+        for run in runs:
+            f.write(" ".join(run) + "\n")
+            f.flush()
+            code = subprocess.run(run, cwd=scripts_dir, stdout=f, stderr=subprocess.STDOUT).returncode
+            if code:
+                break
     row["seconds"] = round(time.monotonic() - start, 1)
     if code != 0:
         return {**row, "error": f"exit code {code}: {last_line(log)}"}

@@ -5,6 +5,9 @@ The files follow the scripts' output contract:
   predictions_validation.conll  word<TAB>gold<TAB>predicted, a blank line after each sentence (run_token_classification.py)
   predictions_validation.jsonl  {"source", "reference", "prediction"} per example (run_seq2seq.py)
   predictions.json              {question id: answer} (run_qa.py), scored against the SQuAD validation file
+  predictions_validation.jsonl  {"gold", "prediction", ...} (run_fewshot.py, choice), {"source", "reference",
+                                "prediction", ...} (run_fewshot.py, generate), {"log_likelihood", "tokens", "bytes"}
+                                per document (evaluate_lm.py)
 
 The metrics are the scripts' own: accuracy and macro F1 as scikit-learn computes them, seqeval's entity-level
 precision/recall/F1 (default mode), sacrebleu's corpus chrF and BLEU, SQuAD's exact match and F1; each in percent.
@@ -68,6 +71,19 @@ def read_generated_predictions(path):
     return out
 
 
+def read_json_lines(path, keys, what):
+    """[{key: value}] of a JSON-lines predictions file whose every line has `keys` (what: for the error)."""
+    out = []
+    for n, line in enumerate(_lines(path), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+                out.append({key: row[key] for key in keys})
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"{path} line {n} is not a JSON object with {', '.join(keys)} ({what})") from None
+    return out
+
+
 def _lines(path):
     try:
         with open(path, encoding="utf-8") as f:
@@ -81,8 +97,9 @@ def _lines(path):
 
 
 def class_scored(golds, preds, classes, metric):
-    """Accuracy or macro F1 (the mean of every class's F1, classes with no example scoring 0, as scikit-learn
-    with zero_division=0) of predicted labels: each example a one-hot cell of the confusion matrix."""
+    """Accuracy, macro F1 (the mean of every class's F1, classes with no example scoring 0, as scikit-learn
+    with zero_division=0) or the Matthews correlation (scikit-learn's, multiclass; 0 where it is undefined) of
+    predicted labels: each example a one-hot cell of the confusion matrix."""
     index = {c: i for i, c in enumerate(dict.fromkeys([*classes, *golds, *preds]))}
     c = len(index)
     cell_N = np.array([index[g] * c + index[p] for g, p in zip(golds, preds)], np.int64)
@@ -93,6 +110,10 @@ def class_scored(golds, preds, classes, metric):
         confusion_CC = stats_K.reshape(c, c)  # [gold, predicted]
         if metric == "accuracy":
             return 100.0 * np.trace(confusion_CC) / max(confusion_CC.sum(), 1.0)
+        if metric == "mcc":
+            n, gold_C, pred_C = confusion_CC.sum(), confusion_CC.sum(axis=1), confusion_CC.sum(axis=0)
+            denominator = np.sqrt((n * n - pred_C @ pred_C) * (n * n - gold_C @ gold_C))
+            return 100.0 * (np.trace(confusion_CC) * n - pred_C @ gold_C) / denominator if denominator else 0.0
         tp_C = np.diag(confusion_CC)
         wrong_C = confusion_CC.sum(axis=0) + confusion_CC.sum(axis=1) - 2 * tp_C  # false positives + negatives
         f1_C = np.divide(2 * tp_C, 2 * tp_C + wrong_C, out=np.zeros(c), where=(2 * tp_C + wrong_C) > 0)
@@ -135,6 +156,13 @@ def generation_scored(hypotheses, references, metric):
     scorer = CHRF() if metric == "chrf" else BLEU()
     stats_NK = np.array(scorer._extract_corpus_statistics(list(hypotheses), [list(references)]), np.int64)
     return Scored(stats_NK, lambda s: float(scorer._compute_score_from_stats([int(x) for x in s]).score))
+
+
+def bits_per_byte_scored(documents):
+    """Bits per byte of the documents ({"log_likelihood", "bytes"} each, as evaluate_lm.py writes them): per
+    document (-log-likelihood in nats, bytes). Lower is better."""
+    stats_NK = np.array([[-float(d["log_likelihood"]), float(d["bytes"])] for d in documents], np.float64)
+    return Scored(stats_NK.reshape(-1, 2), lambda s: float(s[0] / max(s[1], 1.0) / np.log(2)))
 
 
 def squad_scored(predictions, references, metric):

@@ -2,17 +2,20 @@
 
     tasks:
       - name: ud_upos                       # the task's folder under --output_dir and its row in the table
-        kind: tagging                       # classification | tagging | ner | qa | seq2seq (KINDS)
+        kind: tagging                       # classification | tagging | ner | qa | seq2seq; decoders: choice |
+                                            # generate | bits_per_byte (KINDS)
         metric: accuracy                    # optional: the kind's first metric by default
         train_file: no/ud_bokmaal_dev.conllu  # *_file paths: relative to --data_dir (or absolute)
         tag_column: upos                    # any other key: the script's flag (--tag_column upos)
-    defaults: {seed: 42}                    # optional: flags every task gets unless it sets them itself
+    defaults: {seed: 42}                    # optional: flags every task gets unless it sets them itself (a decoder's
+                                            # tasks: those of its script's options)
 
 `metric` is the suite's own key (the table's score), not passed on: the script reports its default metrics. A
 mistake in the file (an unknown kind or metric, a missing data file, a flag the suite sets itself, for the scripts
 whose options are declared in flaxlm.config.options an unknown flag) is a UserError naming the task and the key.
 """
 import dataclasses
+import json
 import os
 import re
 
@@ -25,8 +28,8 @@ from flaxlm.errors import UserError
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """What a kind of task runs and how it is scored."""
-    script: str  # the fine-tuning script, beside evaluate_suite.py
-    model: str  # the kind of model it fine-tunes: "encoder" or "seq2seq" (model_kind)
+    script: str  # the script that runs it (fine-tunes, or prompts a decoder), beside evaluate_suite.py
+    model: str  # the kind of model it judges: "encoder", "seq2seq" or "decoder" (model_kind)
     metrics: tuple  # the metrics the suite can score it by; the first is the default
     predictions: str  # the predictions file the script writes into its --output_dir (the output contract)
     baseline: str | None  # what the trivial baseline does, for the table
@@ -42,7 +45,13 @@ KINDS = {
     "qa": Kind("run_qa.py", "encoder", ("f1", "exact"), "predictions.json", None),
     "seq2seq": Kind("run_seq2seq.py", "seq2seq", ("chrf", "bleu"), "predictions_validation.jsonl",
                     "copy the source"),
+    "choice": Kind("run_fewshot.py", "decoder", ("accuracy", "macro_f1", "mcc"), "predictions_validation.jsonl",
+                   "majority class"),
+    "generate": Kind("run_fewshot.py", "decoder", ("chrf", "bleu"), "predictions_validation.jsonl", "copy the source"),
+    "bits_per_byte": Kind("evaluate_lm.py", "decoder", ("bits_per_byte",), "predictions_validation.jsonl",
+                          "--baseline_model"),
 }
+TRAINED = ("classification", "tagging", "ner", "qa", "seq2seq")  # the kinds that fine-tune (--max_steps caps them)
 FILE_KEYS = ("train_file", "validation_file", "test_file")  # paths under --data_dir
 SUITE_SETS = ("model_name_or_path", "output_dir", "config_name", "overwrite_output_dir")  # flags the suite passes
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -56,9 +65,13 @@ class SuiteTask:
     flags: dict  # the script's flags {name: value}, the *_file paths resolved
 
     def argv(self, max_steps=None):
-        """The script's flags as a command line (lists as several values), --max_steps last when given."""
-        out = []
-        for key, value in {**self.flags, **({"max_steps": max_steps} if max_steps else {})}.items():
+        """The script's flags as a command line (lists as several values; a mapping as JSON), --max_steps last when
+        given to a kind that trains; run_fewshot.py's --task_type first."""
+        out = ["--task_type", self.kind] if KINDS[self.kind].script == "run_fewshot.py" else []
+        capped = {"max_steps": max_steps} if max_steps and self.kind in TRAINED else {}
+        for key, value in {**self.flags, **capped}.items():
+            if isinstance(value, dict):
+                value = json.dumps(value, ensure_ascii=False)
             values = value if isinstance(value, list) else [value]
             out += [f"--{key}", *(str(v).lower() if isinstance(v, bool) else str(v) for v in values)]
         return out
@@ -96,7 +109,7 @@ def read_suite(path, data_dir):
 def _task(entry, index, defaults, data_dir, where):
     if not isinstance(entry, dict):
         raise UserError(f"task {index + 1} of {where} is not a mapping; give it name, kind, files and flags")
-    entry = {**defaults, **entry}
+    entry = {**_taken(defaults, entry.get("kind")), **entry}
     name = entry.pop("name", None)
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise UserError(f"task {index + 1} of {where} needs a name of letters, digits, '_', '.' or '-' (got "
@@ -112,7 +125,7 @@ def _task(entry, index, defaults, data_dir, where):
     for key in entry:
         if key in SUITE_SETS:
             raise UserError(f"{where} sets {key}, which evaluate_suite.py sets itself; remove it from the suite file")
-    needed = ("train_file", "validation_file") if kind == "qa" else ("train_file",)
+    needed = {"qa": ("train_file", "validation_file"), "bits_per_byte": ("validation_file",)}.get(kind, ("train_file",))
     for key in needed:
         if not entry.get(key):
             raise UserError(f"{where} has no {key}; a {kind} task needs " + " and ".join(needed))
@@ -120,6 +133,15 @@ def _task(entry, index, defaults, data_dir, where):
         if key in entry:
             entry[key] = [_data_file(p, data_dir, f"{where}, {key}") for p in _as_list(entry[key])]
     return SuiteTask(name, kind, metric, entry)
+
+
+def _taken(defaults, kind):
+    """The defaults a task of `kind` takes: all of them, but only its script's own options for a decoder's kinds
+    (which train nothing: no logging_steps, no save_steps)."""
+    if kind not in KINDS or KINDS[kind].model != "decoder":
+        return defaults
+    names = {f.name for group in SCRIPT_OPTIONS[kind] for f in dataclasses.fields(group)}
+    return {key: value for key, value in defaults.items() if key in names}
 
 
 def _as_list(value):
@@ -148,6 +170,9 @@ SCRIPT_OPTIONS = {
     "ner": _TOKEN_CLASSIFICATION,
     "qa": (options.ModelArgs, options.TextSourceArgs, options.DataArgs, options.QuestionAnsweringArgs,
            options.TrainingArgs),
+    "choice": (options.FewShotArgs, options.TextSourceArgs),
+    "generate": (options.FewShotArgs, options.TextSourceArgs),
+    "bits_per_byte": (options.EvaluateLMArgs,),
 }
 
 
@@ -158,7 +183,8 @@ def script_options(task):
     if task.kind not in SCRIPT_OPTIONS:
         return None
     try:
-        return parse_args(*SCRIPT_OPTIONS[task.kind], argv=[*task.argv(), "--output_dir", "unused"],
+        return parse_args(*SCRIPT_OPTIONS[task.kind], argv=[*task.argv(), "--output_dir", "unused",
+                                                            "--model_name_or_path", "unused"],
                           prog=KINDS[task.kind].script)
     except UserError as e:
         raise UserError(f"task {task.name}: {e}") from None

@@ -32,7 +32,8 @@ def markdown_table(rows, about):
     def line(values):
         return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
 
-    out = [f"Model `{about['model']}`, suite `{about['suite']}`; scores in percent on the validation examples, "
+    out = [f"Model `{about['model']}`, suite `{about['suite']}`; scores in percent (bits per byte: bits, lower "
+           f"is better) on the validation examples, "
            f"95% interval of {about['bootstrap_resamples']} bootstrap resamples (seed {about['bootstrap_seed']}).",
            "", line(HEADER), line(["---"] * len(HEADER)), *(line(cells(r)) for r in rows)]
     if about.get("skipped"):

@@ -6,6 +6,8 @@ from flaxlm.errors import UserError
 from flaxlm.tasks.suite import baselines, scores
 from flaxlm.tasks.suite.suite_file import KINDS, script_options
 
+BASELINE_DIR = "baseline"  # a bits_per_byte task's folder: --baseline_model's run of the same text
+
 
 def score_task(task, task_dir):
     """(Scored of the task's metric on its validation examples, the baseline's score or None)."""
@@ -16,9 +18,39 @@ def score_task(task, task_dir):
         return _classification(task, path)
     if task.kind in ("tagging", "ner"):
         return _tagging(task, path)
-    if task.kind == "seq2seq":
+    if task.kind in ("seq2seq", "generate"):
         return _seq2seq(task, path)
+    if task.kind == "choice":
+        return _choice(task, path)
+    if task.kind == "bits_per_byte":
+        return _bits_per_byte(task_dir, path)
     return _qa(task, path), None
+
+
+def _choice(task, path):
+    """The few-shot answers' score, and the baseline of the training split's majority label (run_fewshot.py's
+    reader and split, from the task's flags)."""
+    from flaxlm.data.sentence_data import read_splits
+    rows = scores.read_json_lines(path, ("gold", "prediction"), "run_fewshot.py's choices")
+    golds, preds = [str(r["gold"]) for r in rows], [str(r["prediction"]) for r in rows]
+    args, source = script_options(task)
+    classes = list(json.loads(args.choices)) if args.choices else sorted(set(golds))
+    splits, _ = read_splits(source, args.validation_split_percentage, args.seed, False, args.max_train_samples,
+                            args.max_eval_samples, task.name)
+    baseline = baselines.majority_labels([str(x) for x in splits["train"][args.label_column]], len(golds))
+    return (scores.class_scored(golds, preds, classes, task.metric),
+            scores.class_scored(golds, baseline, classes, task.metric).value)
+
+
+def _bits_per_byte(task_dir, path):
+    """Bits per byte of the documents, and those of --baseline_model's run beside it (BASELINE_DIR) if any."""
+    documents = scores.read_json_lines(path, ("log_likelihood", "bytes"), "evaluate_lm.py's documents")
+    baseline_file = os.path.join(task_dir, BASELINE_DIR, os.path.basename(path))
+    baseline = None
+    if os.path.isfile(baseline_file):
+        baseline = scores.bits_per_byte_scored(
+            scores.read_json_lines(baseline_file, ("log_likelihood", "bytes"), "the baseline model's documents")).value
+    return scores.bits_per_byte_scored(documents), baseline
 
 
 def _seq2seq(task, path):

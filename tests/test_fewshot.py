@@ -1,0 +1,148 @@
+"""run_fewshot.py and the decoder tasks of evaluate_suite.py: prompts built as documented, scores equal to
+scikit-learn's and sacrebleu's on the predictions file, the suite's decoder rows, and one-line errors."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from flaxlm.errors import run_main
+from flaxlm.tasks.fewshot import PromptTemplate, draw_shots
+
+import evaluate_suite
+import run_fewshot
+
+WORDS = ["good", "bad", "fine", "awful", "nice", "poor", "great", "weak"]
+
+
+@pytest.fixture(scope="module")
+def gpt2(model_dir_for, tmp_path_factory):
+    """A tiny GPT-2 with random weights and our BPE tokenizer."""
+    from flaxlm.models import create_model, load_config, split_model
+    from flaxlm.models.pretrained import save_pretrained
+    d = tmp_path_factory.mktemp("fewshot-gpt2")
+    shutil.copytree(model_dir_for("gpt2-tiny", vocab_size=304, model_max_length=256), d, dirs_exist_ok=True)
+    config = load_config(str(d))
+    save_pretrained(str(d), config, split_model(create_model(config, seed=3))[1])
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A sentiment task (json, labels Positive/Negative) and a copy-the-words task (jsonl), train and validation."""
+    d = tmp_path_factory.mktemp("fewshot-data")
+    rng = np.random.default_rng(0)
+    sentiment = [{"text": f"it was {w} and {WORDS[(i * 3) % 8]}", "label": "Positive" if i % 3 else "Negative"}
+                 for i, w in enumerate(rng.choice(WORDS, 30))]
+    (d / "train.json").write_text(json.dumps(sentiment[:20]))
+    (d / "valid.json").write_text(json.dumps(sentiment[20:]))
+    pairs = [{"a": f"{w} one", "b": f"{w} two"} for w in rng.choice(WORDS, 20)]
+    (d / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    (d / "text.txt").write_text("".join(f"{s['text']} .\n" for s in sentiment))
+    return d
+
+
+def test_the_prompt_is_the_solved_examples_then_the_question():
+    template = PromptTemplate("Text: {text}\nSentiment:", separator="\n\n")
+    shots = [{"text": "a", "label": 1}, {"text": "b", "label": 0}]
+    prompt = template.prompt(shots, {"text": "c", "label": 1}, lambda s: [" no", " yes"][s["label"]])
+    assert prompt == "Text: a\nSentiment: yes\n\nText: b\nSentiment: no\n\nText: c\nSentiment:"
+    rows = [{"i": i} for i in range(10)]
+    drawn = draw_shots(rows, 4, seed=5)
+    assert drawn == draw_shots(rows, 4, seed=5) and len({r["i"] for r in drawn}) == 4
+    assert drawn != draw_shots(rows, 4, seed=6) and draw_shots(rows, 0, 5) == [] and len(draw_shots(rows, 99, 5)) == 10
+
+
+def choice_argv(gpt2, data, out):
+    return ["--model_name_or_path", gpt2, "--output_dir", str(out), "--train_file", str(data / "train.json"),
+            "--validation_file", str(data / "valid.json"), "--prompt", "Text: {text}\\nSentiment:",
+            "--choices", '{"Positive": " good", "Negative": " bad"}', "--num_fewshot", "3"]
+
+
+def test_choice_scores_are_scikit_learns_on_the_predictions(gpt2, data, tmp_path):
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+    from flaxlm.tasks.suite.scores import class_scored
+    results = run_fewshot.main(choice_argv(gpt2, data, tmp_path))
+    rows = [json.loads(line) for line in (tmp_path / "predictions_validation.jsonl").read_text().splitlines()]
+    assert len(rows) == results["questions"] == 10 and results["num_fewshot"] == 3
+    golds, preds = [r["gold"] for r in rows], [r["prediction"] for r in rows]
+    for r in rows:  # the answer is the choice of the highest log-likelihood; the prompt ends with the question
+        assert r["prediction"] == max(r["log_likelihoods"], key=r["log_likelihoods"].get)
+        assert r["prompt"].count("\nSentiment:") == 4 and r["prompt"].endswith("\nSentiment:")
+    expected = {"accuracy": accuracy_score(golds, preds), "mcc": matthews_corrcoef(golds, preds),
+                "macro_f1": f1_score(golds, preds, average="macro", labels=["Positive", "Negative"], zero_division=0)}
+    for metric, value in expected.items():
+        assert results[metric] == pytest.approx(100 * value)
+        assert class_scored(golds, preds, ["Positive", "Negative"], metric).value == pytest.approx(100 * value)
+    assert len(set(preds)) == 2 or results["mcc"] == 0  # sklearn's MCC of a constant answer: 0
+
+
+def test_generation_scores_are_sacrebleus_on_the_predictions(gpt2, data, tmp_path):
+    from sacrebleu.metrics import BLEU, CHRF
+    results = run_fewshot.main(["--model_name_or_path", gpt2, "--output_dir", str(tmp_path), "--task_type",
+                                "generate", "--train_file", str(data / "pairs.jsonl"), "--validation_split_percentage",
+                                "25", "--prompt", "A: {a}\\nB:", "--target", " {b}", "--stop", "\\n", "B:",
+                                "--num_fewshot", "2", "--max_new_tokens", "12"])
+    rows = [json.loads(line) for line in (tmp_path / "predictions_validation.jsonl").read_text().splitlines()]
+    assert len(rows) == 5 and all("\n" not in r["prediction"] and "B:" not in r["prediction"] for r in rows)
+    assert all(r["source"] in r["prompt"] and r["reference"].endswith("two") for r in rows)
+    hyps, refs = [r["prediction"] for r in rows], [r["reference"] for r in rows]
+    assert results["chrf"] == pytest.approx(CHRF().corpus_score(hyps, [refs]).score)
+    assert results["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score)
+
+
+@pytest.mark.parametrize("case", ["missing_column", "duplicate_choices", "unknown_label", "encoder"])
+def test_bad_input_is_one_line(case, gpt2, data, model_dir_for, tmp_path, capsys):
+    argv = choice_argv(gpt2, data, tmp_path)
+    if case == "missing_column":
+        argv[argv.index("--prompt") + 1] = "Text: {sentence}"
+    elif case == "duplicate_choices":
+        argv[argv.index("--choices") + 1] = '{"Positive": " good", "Negative": " good"}'
+    elif case == "unknown_label":
+        argv[argv.index("--choices") + 1] = '{"Positive": " good", "Neutral": " bad"}'
+    else:
+        argv[argv.index("--model_name_or_path") + 1] = model_dir_for("roberta-tiny")
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: run_fewshot.main(argv))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert {"missing_column": "names the column {sentence}, which the data does not have",
+            "duplicate_choices": "have the same verbalization ' good'",
+            "unknown_label": "label 'Negative' has no verbalization in --choices",
+            "encoder": "roberta model, which does not predict text left to right"}[case] in err
+    assert not (tmp_path / "predictions_validation.jsonl").exists()
+
+
+def test_the_suite_judges_a_decoder(gpt2, data, model_dir_for, tmp_path, capsys):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"""defaults: {{seed: 1, logging_steps: 5, per_device_eval_batch_size: 2}}
+tasks:
+  - {{name: sentiment, kind: classification, train_file: train.json, validation_file: valid.json}}
+  - name: sentiment_fewshot
+    kind: choice
+    metric: mcc
+    train_file: train.json
+    validation_file: valid.json
+    prompt: "Text: {{text}}\\nSentiment:"
+    choices: {{Positive: " good", Negative: " bad"}}
+    num_fewshot: 2
+  - {{name: bits, kind: bits_per_byte, validation_file: text.txt, max_length: 64}}
+""")
+    other = tmp_path / "other"
+    shutil.copytree(gpt2, other)
+    from flaxlm.models import create_model, load_config, split_model
+    from flaxlm.models.pretrained import save_pretrained
+    save_pretrained(str(other), load_config(str(other)), split_model(create_model(load_config(str(other)), seed=9))[1])
+    evaluate_suite.main(["--model_name_or_path", gpt2, "--suite", str(suite), "--data_dir", str(data),
+                         "--output_dir", str(tmp_path / "out"), "--baseline_model", str(other),
+                         "--bootstrap_resamples", "50"])
+    assert "skipping sentiment: classification tasks are for encoder models" in capsys.readouterr().out
+    rows = {r["task"]: r for r in json.loads((tmp_path / "out" / "results.json").read_text())["results"]}
+    assert set(rows) == {"sentiment_fewshot", "bits"}  # generate is scored as seq2seq is (test_suite.py)
+    for row in rows.values():
+        assert "error" not in row, row
+        assert row["low"] <= row["score"] <= row["high"] and row["baseline"] is not None
+    bits = json.loads((tmp_path / "out" / "bits" / "results.json").read_text())
+    assert rows["bits"]["score"] == pytest.approx(bits["bits_per_byte"])
+    baseline = json.loads((tmp_path / "out" / "bits" / "baseline" / "results.json").read_text())
+    assert rows["bits"]["baseline"] == pytest.approx(baseline["bits_per_byte"]) != bits["bits_per_byte"]
