@@ -13,7 +13,10 @@ one trained from scratch, end to end with the project's own scripts (each run as
    continued for --steps steps on --no_train_file with --validation_file --no_eval_file (UD Bokmaal dev texts) and
    --eval_at_start, and a model of the same preset with the Norwegian tokenizer trained from scratch for the same
    steps: same seed, learning rate, batch and sequence length for all (eval rows of metrics.jsonl read back);
-4. the fertility (tokens per whitespace word, no special tokens) of both tokenizers on --no_eval_file.
+4. the fertility (tokens per whitespace word, no special tokens) of both tokenizers on --no_eval_file;
+5. gpt2: bits per byte on --no_eval_file (evaluate_lm.py) of the English source and of each Norwegian model, which
+   compare across tokenizers; with --suite the Norwegian suite's decoder tasks (evaluate_suite.py) for the scratch
+   and the mean-adapted model, the English source's bits per byte as the baseline.
 
 All adapted and scratch models share the Norwegian tokenizer, so their losses compare with each other (not with
 the English model's). Prints one table and, with --json, writes it. Steps already done in --work_dir (a directory
@@ -72,6 +75,28 @@ def fertility(tokenizer_dir, text_file):
     return tokens / words
 
 
+def bits_per_byte(model_dir, text_file, w, log):
+    """evaluate_lm.py's bits per byte of the model on text_file (its defaults: the model's context, half as stride)."""
+    out = os.path.join(w, f"bpb-{os.path.basename(model_dir)}.json")
+    if not os.path.exists(out):
+        run("evaluate_lm.py", ["--model_name_or_path", model_dir, "--validation_file", text_file, "--output_file",
+                               out], log)
+    with open(out) as f:
+        return json.load(f)["bits_per_byte"]
+
+
+def judge(model_dir, baseline_model, w, log):
+    """The Norwegian suite's decoder rows for the model (evaluate_suite.py), baseline_model's bits per byte beside."""
+    out = os.path.join(w, f"suite-{os.path.basename(model_dir)}")
+    if not done(out, "results.json"):
+        run("evaluate_suite.py", ["--model_name_or_path", model_dir, "--suite",
+                                  os.path.join(REPO, "configs", "suites", "norwegian.yaml"), "--data_dir", DATA,
+                                  "--output_dir", out, "--baseline_model", baseline_model, "--overwrite_output_dir"],
+            log)
+    with open(os.path.join(out, "results.json")) as f:
+        return json.load(f)["results"]
+
+
 def train_args(a, out, train_files, valid_file, steps, lr, warmup):
     return ["--output_dir", out, "--train_file", *train_files, "--validation_file", valid_file,
             "--max_seq_length", str(a.seq_len), "--train_batch_size", str(a.batch_size),
@@ -89,6 +114,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=300, help="Norwegian steps of each adapted / scratch model")
     p.add_argument("--work_dir", default="/tmp/flaxlm-adapt-bench")
     p.add_argument("--json", default=None, help="write the table here as JSON")
+    p.add_argument("--suite", action="store_true", help="gpt2: also the Norwegian suite's decoder tasks for the "
+                                                       "scratch and the mean-adapted model (evaluate_suite.py)")
     p.add_argument("--vocab_size", type=int, default=8000)
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--eval_batch_size", type=int, default=32)
@@ -161,11 +188,22 @@ def main(argv=None):
     # 4. fertility on the Norwegian eval text
     fert = {"en_tokenizer": fertility(en_model, a.no_eval_file), "no_tokenizer": fertility(no_tok, a.no_eval_file)}
 
+    # 5. a decoder's figures that compare across tokenizers: bits per byte on the Norwegian eval text (evaluate_lm.py)
+    # of the English source as it is and of each Norwegian model; with --suite, the Norwegian suite's decoder tasks
+    # for the scratch and the mean-adapted model, the English source as the bits-per-byte baseline
+    bpb, suite_rows = {}, {}
+    if a.family == "gpt2":
+        runs = {"source (English)": en_run, **{m: os.path.join(w, f"{a.family}-no-{m}") for m in (*METHODS, "scratch")}}
+        bpb = {name: bits_per_byte(path, a.no_eval_file, w, log) for name, path in runs.items()}
+        if a.suite:
+            suite_rows = {m: judge(runs[m], en_run, w, log) for m in ("scratch", "mean")}
+
     table = {"family": a.family, "preset": preset, "source_steps": a.source_steps, "steps": a.steps,
              "vocab_size": a.vocab_size, "batch_size": a.batch_size, "seq_len": a.seq_len, "lr": a.lr,
              "source_lr": a.source_lr, "seed": a.seed, "max_eval_samples": a.max_eval_samples,
              "source_eval_loss": {str(k): v for k, v in sorted(source_eval.items())},
-             "results": results, "fertility_on_eval_text": fert,
+             "results": results, "fertility_on_eval_text": fert, "bits_per_byte_on_eval_text": bpb,
+             "suite": suite_rows,
              "run_seconds": {k: round(v, 1) for k, v in times.items()},
              "total_seconds": round(time.time() - t_start, 1)}
     print(f"\n{a.family} ({preset}): source {a.source_steps} English steps, {a.steps} Norwegian steps, "
@@ -177,6 +215,13 @@ def main(argv=None):
         print(f"{r['method']:10s} {l0 if l0 is None else f'{l0:.3f}':>13} {lk if lk is None else f'{lk:.3f}':>14}")
     print(f"fertility on {os.path.basename(a.no_eval_file)} (tokens per word): English tokenizer "
           f"{fert['en_tokenizer']:.3f}, Norwegian tokenizer {fert['no_tokenizer']:.3f}")
+    for name, value in bpb.items():
+        print(f"bits per byte on {os.path.basename(a.no_eval_file)}: {name:16s} {value:.4f}")
+    for name, rows in suite_rows.items():
+        for r in rows:
+            print(f"suite {name:8s} {r['task']:26s} {r['metric']:13s} " + (
+                f"{r['score']:.2f} [{r['low']:.2f}, {r['high']:.2f}] baseline {r['baseline']} ({r['baseline_name']}) "
+                f"{r['seconds']} s" if "score" in r else f"failed: {r.get('error')}"))
     print(f"total {table['total_seconds']:.0f} s")
     if a.json:
         with open(a.json, "w") as f:

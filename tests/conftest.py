@@ -1,12 +1,12 @@
-"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh) and LLVM's quick code
-generation (tests/xla_devices.py), added to the XLA_FLAGS the suite runs under (an instruction set to check,
---xla_cpu_max_isa=AVX2; a device count or optimization level given there is kept)."""
+"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh), added to the XLA_FLAGS
+the suite runs under (an instruction set to check, --xla_cpu_max_isa=AVX2; a device count given there is kept)."""
 import os
 import sys
 
-from xla_devices import suite_flags
+from xla_devices import DEVICES, xla_flags
 
-os.environ["XLA_FLAGS"] = suite_flags()
+if not DEVICES.search(os.environ.get("XLA_FLAGS", "")):
+    os.environ["XLA_FLAGS"] = xla_flags(8)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
