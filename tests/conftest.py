@@ -1,12 +1,13 @@
-"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh), added to the XLA_FLAGS
-the suite runs under (an instruction set to check, --xla_cpu_max_isa=AVX2; a device count given there is kept)."""
+"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh) and LLVM's quick code
+generation (tests/xla_devices.py), added to the XLA_FLAGS the suite runs under (an instruction set to check,
+--xla_cpu_max_isa=AVX2; a device count or optimization level given there is kept)."""
+import gc
 import os
 import sys
 
-from xla_devices import DEVICES, xla_flags
+from xla_devices import suite_flags
 
-if not DEVICES.search(os.environ.get("XLA_FLAGS", "")):
-    os.environ["XLA_FLAGS"] = xla_flags(8)
+os.environ["XLA_FLAGS"] = suite_flags()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -31,6 +32,17 @@ def _no_default_compilation_cache():
 
 
 _no_default_compilation_cache()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each test file, drop the programs JAX compiled for it. XLA:CPU maps each compiled program's code into
+    the process and unmaps it only when the program is freed; a worker that runs ~800 tests keeping them all
+    reaches Linux's limit of 65530 mappings per process (vm.max_map_count), and XLA aborts at the next compile."""
+    yield
+    import jax
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture
