@@ -1,6 +1,6 @@
-"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh) and LLVM's quick code
-generation (tests/xla_devices.py), added to the XLA_FLAGS the suite runs under (an instruction set to check,
---xla_cpu_max_isa=AVX2; a device count or optimization level given there is kept)."""
+"""Test setup: 8 simulated CPU devices for every test (single-device tests use a 1-device mesh) and XLA:CPU's quicker
+to compile code generator (tests/xla_devices.py), added to the XLA_FLAGS the suite runs under (an instruction set to
+check, --xla_cpu_max_isa=AVX2; a device count or code generator given there is kept)."""
 import gc
 import os
 import sys
