@@ -52,29 +52,21 @@ def read_documents(args):
 
 def main(argv=None):
     (args,) = parse_args(EvaluateLMArgs, argv=argv, prog="evaluate_lm.py", description=__doc__)
-    from flaxlm.models import CAUSAL_LM_TYPES, load_config
     from flaxlm.models.hf_io import resolve_dir
-    from flaxlm.tasks.lm_scoring import context_length
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.tasks.lm_scoring import CausalLM
 
     # The model (a causal LM), its tokenizer, the context and the windows' stride: all checked before any work.
     path = resolve_dir(args.model_name_or_path)
-    config = load_config(path)
-    if config.model_type not in CAUSAL_LM_TYPES:
-        raise UserError(f"{args.model_name_or_path} holds a {config.model_type} model, which does not predict text "
-                        f"left to right; pass a causal LM ({', '.join(CAUSAL_LM_TYPES)}), or judge an encoder or T5 "
-                        f"with evaluate_suite.py")
-    tokenizer = load_tokenizer(args.tokenizer_name or path, local_only=True)
-    check_fits(tokenizer, config)
-    max_length = context_length(config, args.max_length)
+    lm = CausalLM(path, args.tokenizer_name or path, args.model_name_or_path, args.max_length,
+                  hint=", or judge an encoder or T5 with evaluate_suite.py")
+    max_length = lm.max_length
     stride = args.stride or max(max_length // 2, 1)
     if stride > max_length:
         raise UserError(f"--stride {stride} is larger than the model's context of {max_length} tokens (--max_length); "
                         f"use at most {max_length}")
     if args.output_dir:
         check_output_dir(args)
-    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if prefix is None:
+    if lm.prefix is None:
         raise UserError(f"the tokenizer of {args.tokenizer_name or args.model_name_or_path} has neither a BOS nor an "
                         f"EOS token to score a document's first token after; give it one (train_tokenizer.py does)")
     texts = read_documents(args)
@@ -82,23 +74,16 @@ def main(argv=None):
     # Each document's windows, scored on all devices; the figures over all documents.
     import jax
     import numpy as np
-    from flaxlm.models import load_pretrained
-    from flaxlm.tasks.lm_scoring import Scorer
     from flaxlm.tasks.text_likelihood import document_windows, text_figures
-    from flaxlm.training.mesh import make_mesh
-    from flaxlm.training.sharding import state_shardings
 
-    mesh = make_mesh()
-    _, model = load_pretrained(path, args.dtype, shardings=lambda abstract: state_shardings(abstract, mesh,
-                                                                                             args.sharding))
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    lm.load(args.dtype, args.per_device_eval_batch_size, args.sharding, desc="evaluate_lm")
+    ids = lm.tokenizer(texts, add_special_tokens=False)["input_ids"]
     windows, owner = [], []
     for d, doc_ids in enumerate(ids):
-        for w in document_windows(doc_ids, prefix, max_length, stride):
+        for w in document_windows(doc_ids, lm.prefix, max_length, stride):
             windows.append(w)
             owner.append(d)
-    pad = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
-    ll, _ = Scorer(model, mesh, args.per_device_eval_batch_size, max_length, pad, desc="evaluate_lm")(windows)
+    ll, _ = lm.scorer(windows)
     tokens = sum(len(doc_ids) for doc_ids in ids)
     results = {"model": args.model_name_or_path, **text_figures(float(np.sum(ll)), tokens, texts),
                "max_length": max_length, "stride": stride, "windows": len(windows), "dtype": args.dtype}

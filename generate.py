@@ -38,11 +38,8 @@ def read_prompts(args):
 
 def load_causal_lm(path, dtype):
     """(config, model), or a UserError naming the supported families when path holds another kind of model."""
-    from flaxlm.models import CAUSAL_LM_TYPES, load_config, load_pretrained
-    config = load_config(path)
-    if config.model_type not in CAUSAL_LM_TYPES:
-        raise UserError(f"{path} holds a {config.model_type} model, which does not generate text left to right; "
-                        f"pass a causal LM ({', '.join(CAUSAL_LM_TYPES)})")
+    from flaxlm.models import check_causal_lm, load_config, load_pretrained
+    check_causal_lm(load_config(path), path, does="generate")
     return load_pretrained(path, dtype)
 
 

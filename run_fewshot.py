@@ -70,15 +70,12 @@ def check_task(args, columns):
 def main(argv=None):
     args, source = parse_args(FewShotArgs, TextSourceArgs, argv=argv, prog="run_fewshot.py", description=__doc__)
     from flaxlm.files import check_writable_dir
-    from flaxlm.models import CAUSAL_LM_TYPES, load_config
     from flaxlm.models.hf_io import resolve_dir
+    from flaxlm.tasks.lm_scoring import CausalLM
 
-    # The model's kind, the output folder, the examples and the task: all checked before the model loads.
+    # The model's kind and tokenizer, the output folder, the examples and the task: all checked before the weights load.
     path = resolve_dir(args.model_name_or_path)
-    config = load_config(path)
-    if config.model_type not in CAUSAL_LM_TYPES:
-        raise UserError(f"{args.model_name_or_path} holds a {config.model_type} model, which does not predict text "
-                        f"left to right; pass a causal LM ({', '.join(CAUSAL_LM_TYPES)})")
+    lm = CausalLM(path, args.tokenizer_name or path, args.model_name_or_path, args.max_length)
     check_writable_dir(args.output_dir)
     out_file = os.path.join(args.output_dir, PREDICTIONS)
     if os.path.exists(out_file) and not args.overwrite_output_dir:
@@ -87,14 +84,13 @@ def main(argv=None):
     template, choices, target = check_task(args, list(questions[0]))
 
     from flaxlm.tasks.fewshot import draw_shots
-    from flaxlm.tasks.fewshot_runs import FewShotModel, answer_choices, answer_generations
-    model = FewShotModel(path, args.tokenizer_name or path, args.dtype, args.max_length,
-                         args.per_device_eval_batch_size)
+    from flaxlm.tasks.fewshot_runs import answer_choices, answer_generations
+    lm.load(args.dtype, args.per_device_eval_batch_size, desc="choices")
     shots = draw_shots(train, args.num_fewshot, args.seed)
     if choices is not None:
-        rows, results = answer_choices(model, template, shots, questions, args.label_column, choices)
+        rows, results = answer_choices(lm, template, shots, questions, args.label_column, choices)
     else:
-        rows, results = answer_generations(model, template, shots, questions, *target, [unescape(s) for s in args.stop],
+        rows, results = answer_generations(lm, template, shots, questions, *target, [unescape(s) for s in args.stop],
                                            args.max_new_tokens)
     os.makedirs(args.output_dir, exist_ok=True)
     with open(out_file, "w", encoding="utf-8") as f:

@@ -18,9 +18,9 @@ from flaxlm.models.convert import from_hf_state_dict, to_hf_state_dict
 from flaxlm.models.hf_io import load_config
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.pretrained import load_for_task, load_pretrained, save_config, save_pretrained, task_config
-from flaxlm.models.registry import CAUSAL_LM_TYPES, MODELS, TASK_MODEL_TYPES, TASKS, family_of
+from flaxlm.models.registry import CAUSAL_LM_TYPES, MODELS, TASK_MODEL_TYPES, TASKS, check_causal_lm, family_of
 
-__all__ = ["MODELS", "CAUSAL_LM_TYPES", "TASK_MODEL_TYPES", "TASKS", "family_of", "model_class", "create_model",
-           "split_model", "merge_model", "apply_model", "apply_hidden", "abstract_model", "Execution", "decay_mask",
-           "count_params", "count_config_params", "load_config", "load_pretrained", "save_pretrained", "save_config",
-           "load_for_task", "task_config", "to_hf_state_dict", "from_hf_state_dict"]
+__all__ = ["MODELS", "CAUSAL_LM_TYPES", "TASK_MODEL_TYPES", "TASKS", "check_causal_lm", "family_of", "model_class",
+           "create_model", "split_model", "merge_model", "apply_model", "apply_hidden", "abstract_model", "Execution",
+           "decay_mask", "count_params", "count_config_params", "load_config", "load_pretrained", "save_pretrained",
+           "save_config", "load_for_task", "task_config", "to_hf_state_dict", "from_hf_state_dict"]

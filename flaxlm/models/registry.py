@@ -36,6 +36,14 @@ TASK_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.heads)  # the famil
 TASKS = tuple(dict.fromkeys(task for f in FAMILIES.values() for task in f.heads))  # the fine-tuning tasks
 
 
+def check_causal_lm(config, source, does="predict", hint=""):
+    """UserError unless config is a decoder-only family's: "SOURCE holds a T model, which does not DOES text left to
+    right; pass a causal LM (...)HINT"."""
+    if config.model_type not in CAUSAL_LM_TYPES:
+        raise UserError(f"{source} holds a {config.model_type} model, which does not {does} text left to right; pass "
+                        f"a causal LM ({', '.join(CAUSAL_LM_TYPES)}){hint}")
+
+
 def family_of(config):
     """The Family of config.model_type; UserError naming the supported ones."""
     model_type = getattr(config, "model_type", None)

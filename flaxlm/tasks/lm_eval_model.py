@@ -42,27 +42,14 @@ class FlaxLM(TemplateLM):
         super().__init__()
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise UserError(f"batch_size {batch_size} is not a number of rows; pass --batch_size N (rows per device)")
-        from flaxlm.models import CAUSAL_LM_TYPES, load_config, load_pretrained
         from flaxlm.models.hf_io import resolve_dir
-        from flaxlm.tasks.lm_scoring import Scorer, context_length
-        from flaxlm.tokenization.loading import check_fits, load_tokenizer
-        from flaxlm.training.mesh import make_mesh
-        from flaxlm.training.sharding import state_shardings
+        from flaxlm.tasks.lm_scoring import CausalLM
 
         path = resolve_dir(pretrained)
-        config = load_config(path)
-        if config.model_type not in CAUSAL_LM_TYPES:
-            raise UserError(f"{pretrained} holds a {config.model_type} model; lm-eval's flaxlm model takes a causal "
-                            f"LM ({', '.join(CAUSAL_LM_TYPES)})")
-        self.tokenizer = load_tokenizer(tokenizer or path, local_only=True)
-        check_fits(self.tokenizer, config)
-        self._max_length = context_length(config, int(max_length) if max_length else None, "max_length")
+        self.lm = CausalLM(path, tokenizer or path, pretrained, int(max_length) if max_length else None, "max_length")
+        self.tokenizer = self.lm.tokenizer
         self.max_gen_toks, self.add_bos_token = int(max_gen_toks), _flag(add_bos_token)
-        self.mesh = make_mesh()
-        _, self.model = load_pretrained(path, dtype, shardings=lambda a: state_shardings(a, self.mesh, sharding))
-        self.pad_id = next((t for t in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id) if t is not None), 0)
-        self.scorer = Scorer(self.model, self.mesh, int(batch_size), self._max_length, self.pad_id, desc="lm-eval")
-        self.batch_rows = int(batch_size) * self.mesh.size
+        self.lm.load(dtype, int(batch_size), sharding, desc="lm-eval")
 
     @property
     def eot_token_id(self):
@@ -70,12 +57,11 @@ class FlaxLM(TemplateLM):
 
     @property
     def prefix_token_id(self):
-        bos = self.tokenizer.bos_token_id
-        return bos if bos is not None else self.tokenizer.eos_token_id
+        return self.lm.prefix
 
     @property
     def max_length(self):
-        return self._max_length
+        return self.lm.max_length
 
     @property
     def tokenizer_name(self):
@@ -102,7 +88,7 @@ class FlaxLM(TemplateLM):
                 raise UserError(f"a continuation of {len(continuation_ids)} tokens leaves no context within "
                                 f"max_length {self.max_length}; raise max_length in --model_args")
             scored.append((ids, len(ids) - len(continuation_ids)))
-        ll, greedy = self.scorer(scored)
+        ll, greedy = self.lm.scorer(scored)
         out = [(float(a), bool(b)) for a, b in zip(ll, greedy)]
         for (pair, _, _), result in zip(requests, out):
             if pair is not None:
@@ -128,7 +114,6 @@ class FlaxLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm=False):
         """Each request's continuation: greedy (or sampled) with the KV cache until max_gen_toks or EOS, cut at the
         first stop string; requests with the same arguments share batches."""
-        from flaxlm.models.generation import generate
         eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
         groups = {}
         for i, req in enumerate(requests):
@@ -143,19 +128,15 @@ class FlaxLM(TemplateLM):
                 raise UserError(f"max_gen_toks {max_gen_toks} leaves no room for a context within max_length "
                                 f"{self.max_length}")
             temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
-            contexts = {i: self.tok_encode(requests[i].args[0], left_truncate_len=self.max_length - max_gen_toks)
-                        for i in indices}
-            order = sorted(indices, key=lambda i: -len(contexts[i]))  # similar lengths share a batch
-            for start in range(0, len(order), self.batch_rows):
-                chunk = order[start:start + self.batch_rows]
-                generated = generate(self.model, [contexts[i] for i in chunk], max_gen_toks,
-                                     eos_token_id=self.eot_token_id, pad_token_id=self.pad_id,
-                                     temperature=temperature, top_p=float(kwargs.get("top_p", 1.0) or 1.0),
-                                     top_k=int(kwargs.get("top_k", 0) or 0), seed=int(kwargs.get("seed", 0) or 0))
-                for i, tokens in zip(chunk, generated.tokens):
-                    text = postprocess_generated_text(self.tok_decode(tokens), stop=until, think_end_token=None)
-                    out[i] = text
-                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
-                bar.update(len(chunk))
+            contexts = [self.tok_encode(requests[i].args[0], left_truncate_len=self.max_length - max_gen_toks)
+                        for i in indices]
+            generated = self.lm.generate(
+                contexts, max_gen_toks, bar=bar, temperature=temperature,
+                top_p=float(kwargs.get("top_p", 1.0) or 1.0), top_k=int(kwargs.get("top_k", 0) or 0),
+                seed=int(kwargs.get("seed", 0) or 0))
+            for i, tokens in zip(indices, generated):
+                text = postprocess_generated_text(self.tok_decode(tokens), stop=until, think_end_token=None)
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
         bar.close()
         return out

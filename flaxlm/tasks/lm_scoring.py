@@ -1,8 +1,10 @@
-"""Log-likelihoods of token sequences under a causal LM, on all devices, batched into a few fixed shapes: what
-evaluate_lm.py (documents in sliding windows), the suite's few-shot choices and the lm-eval backend share.
+"""A causal LM scored and run on all devices, batched into a few fixed shapes: what evaluate_lm.py (documents in
+sliding windows), run_fewshot.py (choices, generations) and the lm-eval backend share.
 
-    scorer = Scorer(model, mesh, per_device_batch=8, max_length=1024, pad_id=0)
-    ll, greedy = scorer([(ids, first), ...])
+    lm = CausalLM(path, tokenizer_path, "--model_name_or_path DIR")  # config, tokenizer, context: checked, cheap
+    lm.load("bfloat16", per_device_batch=8)                        # the weights on all devices, lm.scorer
+    ll, greedy = lm.scorer([(ids, first), ...])
+    tokens = lm.generate([prompt_ids, ...], max_new_tokens=64)
     # per request: ll = sum over k >= first of log p(ids[k] | ids[:k]) (float64 on the host), greedy = whether
     # argmax decoding picks each of those tokens (lm-eval's is_greedy)
 
@@ -52,6 +54,54 @@ def token_log_likelihoods(model, ids_BL, mask_BL, targets_BL, weights_BL):
     ll_BL = jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
     hit_BL = jnp.argmax(logits_BLV, axis=-1) == targets_BL
     return (ll_BL * weights_BL).sum(-1), jnp.all(hit_BL | (weights_BL == 0), axis=-1)
+
+
+class CausalLM:
+    def __init__(self, path, tokenizer_path, source, max_length=None, max_length_flag="--max_length", hint=""):
+        """path: a transformers-format directory (resolved); source: how the user named it, for errors. Checks that it
+        holds a causal LM (else one line ending in hint) and that the tokenizer fits it; nothing heavy is read."""
+        from flaxlm.models import check_causal_lm, load_config
+        from flaxlm.tokenization.loading import check_fits, load_tokenizer
+        self.path = path
+        self.config = load_config(path)
+        check_causal_lm(self.config, source, hint=hint)
+        self.tokenizer = tok = load_tokenizer(tokenizer_path, local_only=True)
+        check_fits(tok, self.config)
+        self.max_length = context_length(self.config, max_length, max_length_flag)
+        self.prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id  # before a document
+        self.pad = next((t for t in (tok.pad_token_id, tok.eos_token_id) if t is not None), 0)
+
+    def load(self, dtype, per_device_batch, sharding="data", desc="scoring"):
+        """The weights on all devices (replicated, or split with sharding="fsdp"), and self.scorer over them."""
+        from flaxlm.models import load_pretrained
+        from flaxlm.training.mesh import make_mesh
+        from flaxlm.training.sharding import state_shardings
+        self.mesh = make_mesh()
+        _, self.model = load_pretrained(self.path, dtype, shardings=lambda a: state_shardings(a, self.mesh, sharding))
+        self.batch = per_device_batch * self.mesh.size
+        self.scorer = Scorer(self.model, self.mesh, per_device_batch, self.max_length, self.pad, desc=desc)
+        return self
+
+    def encode(self, text):
+        """The text's token ids, no special tokens."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompts, max_new_tokens, bar=None, **sampling):
+        """Each prompt's new tokens (until EOS or max_new_tokens), in the prompts' order: batches of self.batch rows,
+        longest prompts first so that a batch holds similar lengths; bar (a tqdm) counts the prompts done. sampling:
+        generation.generate's temperature, top_k, top_p, seed (default greedy)."""
+        from flaxlm.models.generation import generate
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        out = [None] * len(prompts)
+        for start in range(0, len(order), self.batch):
+            chunk = order[start:start + self.batch]
+            generated = generate(self.model, [prompts[i] for i in chunk], max_new_tokens,
+                                 eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.pad, **sampling)
+            for i, tokens in zip(chunk, generated.tokens):
+                out[i] = tokens
+            if bar is not None:
+                bar.update(len(chunk))
+        return out
 
 
 class Scorer:
