@@ -28,9 +28,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main(argv=None):
     (args,) = parse_args(SuiteArgs, argv=argv, prog="evaluate_suite.py", description=__doc__)
+    from flaxlm.training.trackers import resolve_report_to
+    args.report_to = resolve_report_to(args.report_to)  # a tracker not installed: one line, before any work
     from flaxlm.tasks.suite.runner import evaluate_task, model_kind, prepare_output_dir
     from flaxlm.tasks.suite.suite_file import KINDS, read_suite, script_options
-    from flaxlm.tasks.suite.table import text_table, write_results
+    from flaxlm.tasks.suite.table import markdown_table, text_table, write_results
 
     # The suite's tasks, those that fit the model, their flags: all checked before the first run.
     data_dir = args.data_dir or os.environ.get("FLAXLM_DATA_DIR") or os.path.join(HERE, "..", "shared", "data")
@@ -62,6 +64,25 @@ def main(argv=None):
     print(text_table(rows), flush=True)
     for path in write_results(args.output_dir, rows, about):
         print(f"wrote {path}", flush=True)
+    report(args, rows, markdown_table(rows, about))
+
+
+def report(args, rows, table):
+    """The results as one row of OUTPUT_DIR/metrics.jsonl (split "suite", step 0: TASK_score, TASK_low, TASK_high,
+    TASK_baseline, TASK_seconds) sent to --report_to's trackers, and the table into the model's card (a card
+    flaxlm wrote beside the model)."""
+    from flaxlm.config.cli import parsed_options
+    from flaxlm.training.model_card import add_suite_table
+    from flaxlm.training.run_log import RunLog
+    from flaxlm.training.trackers import open_trackers
+    figures = {f"{row['task']}_{key}": row[key] for row in rows for key in ("score", "low", "high", "baseline",
+                                                                              "seconds") if row.get(key) is not None}
+    log = RunLog(args.output_dir, trackers=open_trackers(args.report_to, args.output_dir, args.run_name,
+                                                         parsed_options()))
+    log.write(0, "suite", figures)
+    log.close()
+    if add_suite_table(args.model_name_or_path, table):
+        print(f"added the table to the model card {os.path.join(args.model_name_or_path, 'README.md')}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from huggingface_hub import ModelCard
 
 import adapt_vocabulary
 from flaxlm.adaptation.focus import sparsemax
@@ -172,6 +173,8 @@ def test_each_method_on_each_kind_loads_in_transformers(source_for, corpus, tmp_
     out = tmp_path / "out"
     adapt(src, new, out, "--method", method, "--focus_train_file", corpus["train"])
     check_against_transformers(str(out), kind_of(kind))
+    card = ModelCard.load(out / "README.md").data  # its source named as the base model
+    assert card.base_model == src and card.library_name == "transformers"
 
 
 @pytest.mark.parametrize("family", list(KINDS)[3:])

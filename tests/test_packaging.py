@@ -20,7 +20,8 @@ def as_pin(text):
 def test_wheel_holds_the_package_and_the_pins(tmp_path):
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info next to pyproject.toml
     shutil.copytree(ROOT / "flaxlm", source / "flaxlm", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "requirements.txt", "requirements-eval.txt"):
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "requirements-eval.txt",
+                 "requirements-trackers.txt"):
         shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path), str(source)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
@@ -33,10 +34,11 @@ def test_wheel_holds_the_package_and_the_pins(tmp_path):
     pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.strip()[:1] not in ("", "#")]
     required = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
     assert sorted(map(as_pin, (r for r in required if "extra ==" not in r))) == sorted(map(as_pin, pins))
-    eval_pins = [line for line in (ROOT / "requirements-eval.txt").read_text().splitlines()
-                 if line.strip()[:1] not in ("", "#")]  # pip install 'flaxlm[eval]': lm-evaluation-harness
-    extra = [r.split(";")[0] for r in required if 'extra == "eval"' in r]
-    assert sorted(map(as_pin, extra)) == sorted(map(as_pin, eval_pins))
+    for extra_name in ("eval", "trackers"):  # pip install 'flaxlm[eval]': lm-evaluation-harness; [trackers]: W&B...
+        extra_pins = [line for line in (ROOT / f"requirements-{extra_name}.txt").read_text().splitlines()
+                      if line.strip()[:1] not in ("", "#")]
+        extra = [r.split(";")[0] for r in required if f'extra == "{extra_name}"' in r]
+        assert sorted(map(as_pin, extra)) == sorted(map(as_pin, extra_pins)), extra_name
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from huggingface_hub import ModelCard
 
 import run_clm_flax
 import run_helpers
@@ -152,6 +153,8 @@ def test_fine_tune_a_hugging_face_checkpoint(family, tokenizer_dir, corpus, tmp_
     err = np.abs(np.asarray(ours(jnp.asarray(ids))) - ref).max()
     assert err < 1e-4, err
     assert json.loads((out / "config.json").read_text())["architectures"] == [type(hf).__name__]
+    card = ModelCard.load(out / "README.md").data  # the model card names what was continued
+    assert card.base_model == str(start) and card.pipeline_tag == "text-generation"
 
 
 def test_documents_and_line_breaks(tokenizer_dir, tmp_path):

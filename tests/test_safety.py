@@ -105,7 +105,8 @@ def test_scripts_pass_the_flag_to_the_tokenizer():
 
 
 def test_export_is_safetensors_only(tmp_path):
-    """What the training scripts export: config.json, model.safetensors and the tokenizer's json files."""
+    """What the training scripts export: config.json, model.safetensors, the tokenizer's json files and the model
+    card."""
     from flaxlm.models import create_model, split_model
     from flaxlm.models import load_pretrained
     from flaxlm.training.pipeline import export
@@ -114,10 +115,11 @@ def test_export_is_safetensors_only(tmp_path):
     tokenizer = train_bpe(["the quick brown fox jumps over the lazy dog"] * 20, vocab_size=280, min_frequency=1)
     config = build_config("gpt2-tiny", tokenizer)
     out = tmp_path / "export"
-    export(types.SimpleNamespace(output_dir=str(out), push_to_hub=False, eval_checkpoints=None), types.SimpleNamespace(token=None), config,
-           split_model(create_model(config))[1], tokenizer, "transformers.AutoModelForCausalLM")
+    export(types.SimpleNamespace(output_dir=str(out), push_to_hub=False, eval_checkpoints=None, hub_model_id=None),
+           types.SimpleNamespace(token=None, model_name_or_path=None), config, split_model(create_model(config))[1],
+           tokenizer, "transformers.AutoModelForCausalLM")
     files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
-    assert {"config.json", "model.safetensors"} <= files
+    assert {"config.json", "model.safetensors", "README.md"} <= files
     assert not [f for f in files if f.endswith(PICKLE_SUFFIXES)], files
     load_pretrained(str(out))  # and it reads back without torch
 

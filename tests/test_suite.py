@@ -3,6 +3,7 @@ libraries the scripts use), the baselines, the suite file's errors, and a suite 
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,6 +194,9 @@ def test_suite_reports_a_crash_and_scores_the_rest(roberta, tmp_path, capsys):
              {**GOOD, "learning_rate": 1e-3},
              {"name": "nn_nb", "kind": "seq2seq", "train_file": "train.tsv"}]  # not for an encoder: skipped
     out = tmp_path / "out"
+    from flaxlm.training.model_card import MARK, SUITE_END, SUITE_START
+    card = Path(roberta["encoder"]) / "README.md"  # a card flaxlm wrote: the suite's table goes into it
+    card.write_text(f"---\nlicense: mit\n---\n{MARK}\n# tiny\n{SUITE_START}\n{SUITE_END}\n## How to use\n")
     evaluate_suite.main(["--model_name_or_path", roberta["encoder"], "--suite", suite_file(tmp_path, tasks),
                          "--output_dir", str(out), "--data_dir", roberta["data"], "--max_steps", "2",
                          "--bootstrap_resamples", "200"])
@@ -212,6 +216,11 @@ def test_suite_reports_a_crash_and_scores_the_rest(roberta, tmp_path, capsys):
     markdown = (out / "results.md").read_text()
     assert "| broken | accuracy | failed: exit code 2:" in markdown and "| sentiment | accuracy |" in markdown
     assert "failed: exit code 2" in printed and "66.67 (majority class)" in printed
+    (suite_row,) = [json.loads(line) for line in open(out / "metrics.jsonl")]  # the trackers' row
+    assert suite_row["split"] == "suite" and suite_row["sentiment_score"] == pytest.approx(good["score"], abs=1e-6)
+    text = card.read_text()
+    assert "| sentiment | accuracy |" in text and text.index(SUITE_START) < text.index("| sentiment |") < text.index(
+        "## How to use")
     # run again into the same folder: refused without --overwrite_output_dir, before anything runs
     again = ["--suite", suite_file(tmp_path, tasks), "--output_dir", str(out), "--data_dir", roberta["data"]]
     expect_user_error(evaluate_suite.main, ["--model_name_or_path", roberta["encoder"], *again],

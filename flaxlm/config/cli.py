@@ -218,7 +218,28 @@ def parse_args(*groups, argv=None, prog=None, description=None):
     for name, value in values.items():
         for item in value if isinstance(value, list) else [value]:
             check_range(name, item, fields[name].metadata.get("minimum"))
-    return tuple(_instance(group, values) for group in groups)
+    parsed = tuple(_instance(group, values) for group in groups)
+    _PARSED[:] = parsed
+    _PROG[:] = [prog]
+    return parsed
+
+
+_PARSED, _PROG = [], []  # this process's latest parse_args: the run whose options the trackers and card record
+
+
+def parsed_prog():
+    """The script of this process's latest parse_args (run_mlm_flax.py)."""
+    return _PROG[0] if _PROG else os.path.basename(sys.argv[0])
+
+
+def parsed_options():
+    """{option: value} of this process's latest parse_args (the script now running), tokens left out."""
+    out = {}
+    for group in _PARSED:
+        for f in dataclasses.fields(group):
+            if not f.metadata.get("secret"):
+                out.setdefault(f.name, getattr(group, f.name))
+    return out
 
 
 def _instance(group, values):

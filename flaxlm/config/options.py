@@ -325,8 +325,22 @@ class TrainingArgs(MultiHostArgs):
     hub_token: str | None = option(key="export.hub_token", secret=True, help="token for --push_to_hub")
     peak_flops: float | None = option(key="trainer.peak_flops",
                                       help="device peak FLOP/s for MFU (default: known table, measured on CPU)")
-    report_to: str | None = option(key="trainer.report_to",
-                                   help="accepted for compatibility; TensorBoard and metrics.jsonl are always written")
+    report_to: list[str] | None = option(key="trainer.report_to",
+                                         help="where the run reports besides OUTPUT_DIR/metrics.jsonl: tensorboard "
+                                              "(the default), wandb, mlflow, trackio, all (every one installed) or "
+                                              "none; several with spaces or commas (each from its own package: pip "
+                                              "install -r requirements-trackers.txt); the trackers read their usual "
+                                              "environment variables (WANDB_PROJECT, WANDB_MODE, "
+                                              "MLFLOW_TRACKING_URI, ...)")
+    run_name: str | None = option(key="trainer.run_name",
+                                  help="the run's name in the trackers (default: theirs; trackio: the output "
+                                       "directory's name)")
+    language: list[str] | None = option(key="export.language",
+                                        help="the model's languages for its model card (README.md beside the "
+                                             "export), as ISO 639 codes: --language no nb nn")
+    license: str | None = option(key="export.license",
+                                 help="the model's license for its model card (a hub license id: apache-2.0, mit, "
+                                      "cc-by-4.0, ...)")
     eval_checkpoints: str | None = option(choices=("latest", "all"), set_by="--mode",
                                           help="evaluate the checkpoints of --output_dir instead of training: "
                                                "'latest' the newest once; 'all' each one as it appears, until the "
@@ -580,6 +594,8 @@ class AdaptArgs:
     focus_train_file: str | None = option(help="text in the new language (one text per line): FOCUS's auxiliary "
                                                "embeddings; with --extend_vocabulary, ranks the new tokens")
     seed: int = option(0, minimum=0, help="seed of the random rows and of FOCUS's auxiliary embeddings")
+    language: list[str] | None = option(help="the model's languages for its model card (README.md): --language no")
+    license: str | None = option(help="the model's license for its model card (a hub license id)")
 
 
 @dataclass
@@ -601,3 +617,7 @@ class SuiteArgs:
                                              "bits_per_byte tasks (e.g. the source of an adapted model)")
     overwrite_output_dir: bool = option(False, help="run into an output_dir that holds an earlier suite's runs "
                                                     "(each task's predictions are removed before it runs)")
+    report_to: list[str] = option(["none"], help="trackers the results also go to (wandb, mlflow, trackio, "
+                                                 "tensorboard, all; as the training scripts' --report_to); they are "
+                                                 "always in OUTPUT_DIR/metrics.jsonl")
+    run_name: str | None = option(help="the suite's run name in the trackers")

@@ -56,4 +56,4 @@ def push_to_hub(output_dir, repo_id, token=None):
     api = HfApi(token=token)
     api.create_repo(repo_id, exist_ok=True)
     api.upload_folder(folder_path=output_dir, repo_id=repo_id,
-                      ignore_patterns=["checkpoints/*", "tensorboard/*", "metrics.jsonl"])
+                      ignore_patterns=["checkpoints/*", "tensorboard/*", "wandb/*", "metrics.jsonl", "trackers.json"])

@@ -7,8 +7,9 @@ from flaxlm.errors import UserError
 
 
 def start_run(args, model_args):
-    """What every training script does first: join the other hosts of a multi-host run, check --output_dir
-    (flaxlm.training.output_dir), turn on the compilation cache and, with --push_to_hub, check the hub access.
+    """What every training script does first: join the other hosts of a multi-host run, check --report_to's
+    trackers are installed and --output_dir (flaxlm.training.output_dir), turn on the compilation cache and, with
+    --push_to_hub, check the hub access.
     With --compile_for none of that (no host joined, nothing written): returns the TPU slice to compile for
     (flaxlm.training.tpu_slices.Slice); else None."""
     from flaxlm.training import mesh as meshlib
@@ -19,6 +20,8 @@ def start_run(args, model_args):
     if args.compile_for:  # config.json is all it reads of a checkpoint
         from flaxlm.training.tpu_slices import tpu_slice
         return tpu_slice(args.compile_for)  # the steps are traced for it in compile_for.compile_steps
+    from flaxlm.training.trackers import resolve_report_to
+    args.report_to = resolve_report_to(args.report_to)  # a tracker not installed: one line, before any work
     check_local_checkpoint(model_args.model_name_or_path)
     meshlib.maybe_initialize_distributed(args)
     prepare_output_dir(args)
@@ -224,15 +227,32 @@ def train_and_evaluate(args, model_args, params, objective, train_rows, eval_row
         from flaxlm.training.eval_job import evaluate_checkpoints
         evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps)
         return None
-    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint, loss_plot="loss.png")
+    import time
+    log = RunLog(args.output_dir, fresh=not args.resume_from_checkpoint, loss_plot="loss.png",
+                 trackers=run_trackers(args))
     try:
-        return train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
-                     train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
-                     total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
-                     eval_batch=eval_batch, log=log, dtype=model_args.dtype,
-                     test_rows=test_rows if args.do_predict else None)
+        start = time.perf_counter()
+        params = train(args=args, params=params, objective=objective, tx=tx, schedule=schedule,
+                       train_rows=train_rows, eval_rows=eval_rows if args.do_eval else None, mesh=mesh,
+                       total_steps=total_steps if args.do_train else 0, micro_batch=micro_batch,
+                       eval_batch=eval_batch, log=log, dtype=model_args.dtype,
+                       test_rows=test_rows if args.do_predict else None)
+        log.write(total_steps if args.do_train else 0, "run", {"seconds": time.perf_counter() - start,
+                                                                "devices": mesh.size})  # for the model card
+        return params
     finally:
         log.close()
+
+
+def run_trackers(args):
+    """--report_to's trackers for this run (process 0 only; flaxlm.training.trackers), its options as their config."""
+    from flaxlm.config.cli import parsed_options
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.training.trackers import open_trackers, resolve_report_to
+    if not meshlib.is_main_process():
+        return []
+    return open_trackers(resolve_report_to(args.report_to), args.output_dir, args.run_name, parsed_options(),
+                         resuming=bool(args.resume_from_checkpoint))
 
 
 def run_optimizer(args, params, total_steps, vocab_size=None):
@@ -253,8 +273,8 @@ def run_optimizer(args, params, total_steps, vocab_size=None):
 
 
 def export(args, model_args, config, params, tokenizer, load_with):
-    """Write the model (config.json + model.safetensors) and tokenizer in Hugging Face format to
-    --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job)."""
+    """Write the model (config.json + model.safetensors), tokenizer and model card (README.md) in Hugging Face
+    format to --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job)."""
     from flaxlm.training import mesh as meshlib
     from flaxlm.models import save_pretrained
     from flaxlm.training.output_dir import push_to_hub
@@ -264,6 +284,25 @@ def export(args, model_args, config, params, tokenizer, load_with):
     save_pretrained(out, config, params)
     tokenizer.save_pretrained(out)
     print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
+    write_card(args, model_args, config, params, tokenizer, load_with)
     if args.push_to_hub:
         push_to_hub(out, args.hub_model_id or os.path.basename(os.path.abspath(out)),
                     args.hub_token or model_args.token)
+
+
+PRETRAINING = ("CausalLM", "MaskedLM", "ForPreTraining", "ConditionalGeneration")  # the pretraining scripts' load_with
+
+
+def write_card(args, model_args, config, params, tokenizer, load_with):
+    """The export's model card (flaxlm.training.model_card): pretrained from scratch, continued from
+    --model_name_or_path, or fine-tuned from it."""
+    import jax
+    from flaxlm.config.cli import parsed_options, parsed_prog
+    from flaxlm.training.model_card import write_model_card
+    base = model_args.model_name_or_path
+    how = ("pretrained from scratch" if not base else "continued pretraining" if load_with.endswith(PRETRAINING)
+           else "fine-tuned")
+    write_model_card(args.output_dir, config=config, tokenizer=tokenizer, auto_class=load_with, script=parsed_prog(),
+                     options=parsed_options(), n_params=sum(x.size for x in jax.tree.leaves(params)),
+                     base_model=base, how=how, repo=(args.hub_model_id or os.path.basename(os.path.abspath(
+                         args.output_dir))) if args.push_to_hub else args.output_dir)

@@ -1,9 +1,9 @@
 """The training loop's train rows of metrics.jsonl and its progress bar.
 
 Each row averages the steps since the last one (steps whose update was skipped as not finite left out, and
-counted), with the learning rate, and from the step timer: tokens/s, ms per step, MFU and the share of the
-step time the host spent on data. The timer starts after the first step (which compiles) and restarts after
-each evaluation, so neither counts as train time.
+counted), with the learning rate and the tokens seen so far, and from the step timer: tokens/s, ms per step, MFU
+and the share of the step time the host spent on data. The timer starts after the first step (which compiles) and
+restarts after each evaluation, so neither counts as train time.
 """
 import time
 
@@ -51,6 +51,7 @@ class TrainProgress:
         if len(good) < len(host):  # skipped steps do not enter the averages
             row["skipped_steps"] = len(host) - len(good)
         row["learning_rate"] = float(self.schedule(done - 1))
+        row["tokens"] = done * self.tokens_per_step  # seen since the first step (padding included)
         if self.timed:
             row.update(self._speed(time.perf_counter() - self.t_mark))
         self.log.write(done, "train", row)

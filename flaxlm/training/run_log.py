@@ -1,8 +1,9 @@
-"""Where a run reports: TensorBoard events (tensorboardX, no TensorFlow), OUTPUT_DIR/metrics.jsonl and, on close,
-the loss curves drawn from it (OUTPUT_DIR/loss.png for a training run; flaxlm.training.loss_plot), and lines on the
-console above the progress bars (say).
+"""Where a run reports: OUTPUT_DIR/metrics.jsonl, the trackers of --report_to (TensorBoard events by default;
+flaxlm.training.trackers) and, on close, the loss curves drawn from the jsonl (OUTPUT_DIR/loss.png for a training
+run; flaxlm.training.loss_plot), and lines on the console above the progress bars (say).
 
-Only process 0 writes. Each jsonl line is {"step": N, "split": "train"|"eval", ...metrics}.
+Only process 0 writes. Each jsonl line is {"step": N, "split": "train"|"eval"|"test"|"data", ...metrics}; each
+tracker gets the same row at the same step.
 """
 import json
 import os
@@ -19,18 +20,20 @@ def say(msg):
 
 
 class RunLog:
-    def __init__(self, output_dir, fresh=True, filename="metrics.jsonl", tensorboard="tensorboard", loss_plot=None):
-        """loss_plot: file name (beside the jsonl) of the loss curves drawn on close; None draws none."""
+    def __init__(self, output_dir, fresh=True, filename="metrics.jsonl", tensorboard="tensorboard", loss_plot=None,
+                 trackers=None):
+        """loss_plot: file name (beside the jsonl) of the loss curves drawn on close; None draws none. trackers:
+        started ones (flaxlm.training.trackers.open_trackers); None: TensorBoard events in OUTPUT_DIR/`tensorboard`."""
         import jax  # here, not at the top: read_rows serves scripts that need no jax
+        from flaxlm.training.trackers import Reporting, TensorBoard
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(output_dir, filename)
         self.loss_plot = os.path.join(output_dir, loss_plot) if loss_plot else None
-        self._tb = None
+        self.reporting = Reporting([])
         if self.enabled:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "w" if fresh else "a", encoding="utf-8")
-            from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(os.path.join(output_dir, tensorboard))
+            self.reporting = Reporting([TensorBoard(output_dir, tensorboard)] if trackers is None else trackers)
 
     def write(self, step, split, metrics):
         if not self.enabled:
@@ -39,18 +42,19 @@ class RunLog:
         row.update({k: _plain(v) for k, v in metrics.items()})
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)):
-                self._tb.add_scalar(f"{split}/{k}", v, int(step))
-        self._tb.flush()
+        self.reporting.log(int(step), split, {k: v for k, v in row.items() if k not in ("step", "split", "time")})
 
     def drop_after(self, step):
-        """Forget the metrics.jsonl rows past `step` (a resumed run redoes those steps and logs them again)."""
+        """Forget the metrics.jsonl rows past `step` (a resumed run redoes those steps and logs them again); the
+        trackers, which have them, get only the steps past the last one they were sent."""
         if not self.enabled:
             return
         self._file.close()
         with open(self.path, encoding="utf-8") as f:
             lines = f.readlines()
+        for r in filter(None, map(_row, lines)):
+            split = r.get("split")
+            self.reporting.sent[split] = max(self.reporting.sent.get(split, -1), int(r.get("step", -1)))
         kept = [line for line in lines if _step_of(line) <= step]
         if len(kept) < len(lines):
             tmp = self.path + ".tmp"
@@ -68,15 +72,16 @@ class RunLog:
     def close(self):
         if self.enabled:
             self._file.close()
-            self._tb.close()
-            if self.loss_plot:
-                self._draw_loss_plot()
+            if self.loss_plot and self._draw_loss_plot():
+                self.reporting.image(self.loss_plot)
+            self.reporting.close()
 
     def _draw_loss_plot(self):
         """The loss curves as a picture; a failure (no matplotlib, a full disk) costs a warning, never the run."""
         from flaxlm.training.loss_plot import draw_loss_curves
         try:
             draw_loss_curves(read_rows(self.path), self.loss_plot, title=os.path.dirname(self.path))
+            return os.path.exists(self.loss_plot)
         except Exception as e:  # noqa: BLE001 -- the run and its export matter more than the picture
             reason = (str(e).splitlines() or [""])[0]
             print(f"warning: the loss curves were not drawn to {self.loss_plot} ({type(e).__name__}: {reason}); "
