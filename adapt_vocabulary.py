@@ -27,6 +27,27 @@ def main(argv=None):
     from flaxlm.adaptation.adapt import adapt
     summary = adapt(args)
     print(f"wrote {args.output_dir} ({args.method if not args.extend_vocabulary else 'extended'}): {summary}")
+    write_card(args)
+
+
+AUTO_CLASSES = {"run_clm_flax.py": "AutoModelForCausalLM", "run_mlm_flax.py": "AutoModelForMaskedLM",
+                "run_t5_mlm_flax.py": "AutoModelForSeq2SeqLM"}  # by the script that pretrains the family
+
+
+def write_card(args):
+    """The adapted model's card (flaxlm.training.model_card), its source as base_model."""
+    from flaxlm.config.cli import parsed_options
+    from flaxlm.models import count_config_params, family_of, load_config
+    from flaxlm.tokenization.loading import load_tokenizer
+    from flaxlm.training.model_card import write_model_card
+    config = load_config(args.output_dir)
+    family = family_of(config)
+    how = (f"with its vocabulary extended by {args.extend_vocabulary} tokens" if args.extend_vocabulary
+           else f"adapted to a new tokenizer ({args.method})")
+    write_model_card(args.output_dir, config=config, tokenizer=load_tokenizer(args.output_dir, local_only=True),
+                     auto_class=f"transformers.{AUTO_CLASSES.get(family.script, family.architecture)}",
+                     script="adapt_vocabulary.py", options=parsed_options(), n_params=count_config_params(config),
+                     base_model=args.model_name_or_path, how=how)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,18 @@
 else the XLA_FLAGS the suite was started with say (`XLA_FLAGS=--xla_cpu_max_isa=AVX2 python -m pytest tests` runs
 every test, subprocesses too, as a CPU without AVX-512 would).
 
-The suite compiles over a thousand tiny programs and runs each a few steps: compiling is most of its time, and most
-of that is XLA:CPU's MLIR fusion emitters. --xla_cpu_use_fusion_emitters=false has XLA emit its fusions the way it
-did before them (its other, long-standing code generator; LLVM still optimizes at its default level), and a test
-compiles in about half the time (test_freeze.py: 99 s -> 45 s on one core); every check of the suite passes with
-either. A setting of that flag given in the suite's XLA_FLAGS is kept."""
+The suite compiles over a thousand tiny programs and runs each a few steps: compiling is most of its time, spent in
+XLA:CPU's MLIR fusion emitters and in LLVM. --xla_cpu_use_fusion_emitters=false has XLA emit its fusions the way it
+did before them (its other, long-standing code generator) and --xla_backend_optimization_level=0 has LLVM skip its
+optimizations (test_freeze.py on one core: 99 s at XLA's defaults, 71 s at -O0, 45 s with the fusion emitters off);
+every check of the suite passes either way. Either flag given in the suite's XLA_FLAGS keeps that setting."""
 import os
 import re
 
 DEVICES = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 FUSION_EMITTERS = re.compile(r"--xla_cpu_use_fusion_emitters=\w+")
-QUICK_CODE = "--xla_cpu_use_fusion_emitters=false"
+OPTIMIZATION_LEVEL = re.compile(r"--xla_backend_optimization_level=\d+")
+QUICK_CODE = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0")
 
 
 def xla_flags(devices):
@@ -20,8 +21,8 @@ def xla_flags(devices):
     they choose one)."""
     flags = os.environ.get("XLA_FLAGS", "")
     kept = DEVICES.sub("", flags).split()
-    if not FUSION_EMITTERS.search(flags):
-        kept.append(QUICK_CODE)
+    if not FUSION_EMITTERS.search(flags) and not OPTIMIZATION_LEVEL.search(flags):
+        kept += QUICK_CODE
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 

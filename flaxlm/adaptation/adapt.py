@@ -72,27 +72,6 @@ def adapt(args):
         vocab_size = len(new_tok)
     config = new_config(config, new_tok, vocab_size)
     fresh = split_model(create_model(config, seed=args.seed))[1]
-    adapted = rebuild(params, fresh, axes, rules)
-    save_pretrained(args.output_dir, config, adapted)
+    save_pretrained(args.output_dir, config, rebuild(params, fresh, axes, rules))
     new_tok.save_pretrained(args.output_dir)
-    write_card(args, config, adapted, new_tok)
     return f"{vocab_size} rows: {coverage(kinds, vocab_size)}"
-
-
-AUTO_CLASSES = {"run_clm_flax.py": "AutoModelForCausalLM", "run_mlm_flax.py": "AutoModelForMaskedLM",
-                "run_t5_mlm_flax.py": "AutoModelForSeq2SeqLM"}  # by the script that pretrains the family
-
-
-def write_card(args, config, params, tokenizer):
-    """The adapted model's card (flaxlm.training.model_card), its source as base_model."""
-    import jax
-    from flaxlm.config.cli import parsed_options
-    from flaxlm.training.model_card import write_model_card
-    family = family_of(config)
-    how = (f"with its vocabulary extended by {args.extend_vocabulary} tokens" if args.extend_vocabulary
-           else f"adapted to a new tokenizer ({args.method})")
-    write_model_card(args.output_dir, config=config, tokenizer=tokenizer,
-                     auto_class=f"transformers.{AUTO_CLASSES.get(family.script, family.architecture)}",
-                     script="adapt_vocabulary.py", options=parsed_options(),
-                     n_params=sum(x.size for x in jax.tree.leaves(params)), base_model=args.model_name_or_path,
-                     how=how)
