@@ -284,25 +284,23 @@ def export(args, model_args, config, params, tokenizer, load_with):
     save_pretrained(out, config, params)
     tokenizer.save_pretrained(out)
     print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
-    write_card(args, model_args, config, params, tokenizer, load_with)
+    repo_id = (args.hub_model_id or os.path.basename(os.path.abspath(out))) if args.push_to_hub else None
+    write_card(args, model_args, config, params, tokenizer, load_with, repo_id or out)
     if args.push_to_hub:
-        push_to_hub(out, args.hub_model_id or os.path.basename(os.path.abspath(out)),
-                    args.hub_token or model_args.token)
+        push_to_hub(out, repo_id, args.hub_token or model_args.token)
 
 
 PRETRAINING = ("CausalLM", "MaskedLM", "ForPreTraining", "ConditionalGeneration")  # the pretraining scripts' load_with
 
 
-def write_card(args, model_args, config, params, tokenizer, load_with):
+def write_card(args, model_args, config, params, tokenizer, load_with, repo):
     """The export's model card (flaxlm.training.model_card): pretrained from scratch, continued from
-    --model_name_or_path, or fine-tuned from it."""
-    import jax
+    --model_name_or_path, or fine-tuned from it; repo: where it loads from (the hub id pushed to, or the folder)."""
     from flaxlm.config.cli import parsed_options, parsed_prog
+    from flaxlm.models import count_params
     from flaxlm.training.model_card import write_model_card
     base = model_args.model_name_or_path
     how = ("pretrained from scratch" if not base else "continued pretraining" if load_with.endswith(PRETRAINING)
            else "fine-tuned")
     write_model_card(args.output_dir, config=config, tokenizer=tokenizer, auto_class=load_with, script=parsed_prog(),
-                     options=parsed_options(), n_params=sum(x.size for x in jax.tree.leaves(params)),
-                     base_model=base, how=how, repo=(args.hub_model_id or os.path.basename(os.path.abspath(
-                         args.output_dir))) if args.push_to_hub else args.output_dir)
+                     options=parsed_options(), n_params=count_params(params), base_model=base, how=how, repo=repo)
