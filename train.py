@@ -21,9 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from flaxlm.config.cli import parse_args, parse_flags  # noqa: E402
 from flaxlm.config.experiment_registry import EXPERIMENTS, MODE_OPTIONS, get_experiment  # noqa: E402
-from flaxlm.config.experiments import options_of, printable, resolve, to_argv, to_yaml  # noqa: E402
+from flaxlm.config.experiments import options_of, resolve, to_argv, to_yaml  # noqa: E402
 from flaxlm.config.options import DriverArgs, TrainingArgs  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
+from flaxlm.secrets import redact_argv  # noqa: E402
 
 CONFIG_FILE = "experiment.yaml"  # what a training run writes; an evaluation job writes experiment_{mode}.yaml
 CONFIG_FILE_HELP = ("yaml recipe: the experiment's keys (task:, trainer:, ...; dotted keys too) or the scripts' flag "
@@ -77,7 +78,7 @@ def main(argv=None):
     if from_preset:
         write_model_config(config.task.model, model_dir, fresh=training and not args.resume_from_checkpoint)
 
-    print(f"running: {shlex.join([experiment.script + '.py', *printable(argv)])}", flush=True)
+    print(f"running: {shlex.join([experiment.script + '.py', *redact_argv(argv)])}", flush=True)
     importlib.import_module(experiment.script).main(argv)
 
 
@@ -97,7 +98,7 @@ def compile_for(experiment, config, flags):
             write_model_config(model, tmp, fresh=True)
             options["config_name"] = tmp
         argv = to_argv(experiment.groups, options)
-        print(f"running: {shlex.join([experiment.script + '.py', *printable(argv)])}", flush=True)
+        print(f"running: {shlex.join([experiment.script + '.py', *redact_argv(argv)])}", flush=True)
         importlib.import_module(experiment.script).main(argv)
 
 

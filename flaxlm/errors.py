@@ -1,5 +1,9 @@
-"""Errors a user can cause end in one clear line and exit code 2, never a traceback."""
+"""Errors a user can cause end in one clear line and exit code 2, never a traceback; neither that line nor the
+traceback of any other error shows a secret (flaxlm.secrets)."""
 import sys
+import traceback
+
+from flaxlm.secrets import scrub
 
 
 class UserError(Exception):
@@ -7,15 +11,19 @@ class UserError(Exception):
 
 
 def run_main(main):
-    """Run a script's main(); a UserError becomes one line on stderr and exit code 2."""
+    """Run a script's main(); a UserError becomes one line on stderr and exit code 2, any other error its traceback
+    (secrets masked: an error of a library may quote the token it was given) and exit code 1."""
     try:
         main()
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"error: {scrub(str(e))}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
+    except Exception:  # noqa: BLE001 -- printed as Python would, with the secrets masked
+        print(scrub(traceback.format_exc()), end="", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def decode_utf8_line(raw: bytes, where: str, line_no: int) -> str:

@@ -36,8 +36,9 @@ def resumed_run(model_dir, corpus, tmp_path_factory):
     out, uri = tmp / "run", f"file://{tmp}/mlruns"
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_TRACKING_URI": uri,
            "MLFLOW_ALLOW_FILE_STORE": "true", "TRACKIO_PROJECT": f"flaxlm-test-{os.getpid()}"}
-    saved_env = {k: os.environ.get(k) for k in env}
+    saved_env = {k: os.environ.get(k) for k in [*env, "WANDB_DIR"]}
     os.environ.update(env)
+    os.environ.pop("WANDB_DIR", None)  # unset: W&B writes in OUTPUT_DIR/wandb
     args = run_helpers.run_args(model_dir, corpus, out, "--block_size", "32", "--max_steps", "5", "--save_steps", "2",
                                 "--do_train", "--do_eval", "--eval_steps", "2",
                                 "--report_to", "wandb", "mlflow,trackio", "tensorboard", "--run_name", "tiny",
@@ -57,7 +58,7 @@ def resumed_run(model_dir, corpus, tmp_path_factory):
     finally:
         ShuffledRows.batch_rows = original
         for k, v in saved_env.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     return out, uri
 
 
@@ -104,6 +105,7 @@ def test_every_row_reaches_each_tracker_once_across_a_crash_and_resume(resumed_r
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5]
     expected = {(f"{r['split']}/{k}", r["step"]): v for r in rows for k, v in r.items()
                 if k not in ("step", "split", "time") and isinstance(v, (int, float))}
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 2  # no WANDB_DIR: under the output directory
     mlflow, params = mlflow_history(out, uri)
     histories = {"wandb": wandb_history(out), "mlflow": mlflow, "trackio": trackio_history(out)}
     for name, got in histories.items():

@@ -24,6 +24,7 @@ import typing
 
 import yaml
 
+from flaxlm import secrets
 from flaxlm.config.options import declared_fields
 from flaxlm.errors import UserError
 
@@ -48,6 +49,14 @@ KEY_SECTIONS = _key_sections(NESTED_KEYS)
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 via run_main, no usage dump
         raise UserError(f"{message} (see {self.prog} --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but the arguments it does not know are named with their secrets masked (a misspelled
+        --hub-token VALUE)."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(secrets.redact_argv(unknown))}")
+        return parsed
 
 
 def _base_type(tp):
@@ -203,6 +212,7 @@ def parse_flags(groups, argv=None, prog=None, description=None, config_file_help
     """The command line alone: ({option: value} of the flags given, the --config_file paths, not read)."""
     parser = _build_parser(groups, prog or os.path.basename(sys.argv[0]), description, config_file_help)
     flags = vars(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    secrets.protect_command_line()
     return flags, flags.pop("config_file")
 
 
@@ -215,6 +225,8 @@ def parse_args(*groups, argv=None, prog=None, description=None):
     for path in config_files:
         values.update(_recipe_options(path, fields, os.path.splitext(prog)[0]))
     values.update(flags)
+    secrets.remember(*(value for name, value in values.items() if secrets.is_secret(name)))
+    secrets.protect_command_line()  # the values just read, masked in sys.argv for the libraries that record it
     for name, value in values.items():
         for item in value if isinstance(value, list) else [value]:
             check_range(name, item, fields[name].metadata.get("minimum"))
@@ -233,11 +245,11 @@ def parsed_prog():
 
 
 def parsed_options():
-    """{option: value} of this process's latest parse_args (the script now running), tokens left out."""
+    """{option: value} of this process's latest parse_args (the script now running), secrets (tokens) left out."""
     out = {}
     for group in _PARSED:
         for f in dataclasses.fields(group):
-            if not f.metadata.get("secret"):
+            if not secrets.is_secret(f.name):
                 out.setdefault(f.name, getattr(group, f.name))
     return out
 

@@ -15,6 +15,7 @@ import typing
 
 import yaml
 
+from flaxlm import secrets
 from flaxlm.config.cli import FLAG_NAMES, check_range, coerce, flat_items, read_recipe
 from flaxlm.config.options import ConfigArgs, declared_fields
 from flaxlm.errors import UserError
@@ -32,9 +33,6 @@ def _option_of_key():
 OPTION_OF_KEY = _option_of_key()
 # Options train.py sets itself from its own flags ({option: flag}); they have no key.
 DRIVER_SET = {f.name: f.metadata["set_by"] for f in declared_fields() if "set_by" in f.metadata}
-# Options never written to experiment.yaml nor printed (a token would otherwise sit in model_dir and go up to the hub
-# with --push_to_hub): the file and the printed command line say where one was given.
-SECRETS = tuple(f.name for f in declared_fields() if f.metadata.get("secret"))
 # create_config.py's options that train.py consumes itself (the architecture of a model pretrained from scratch);
 # they never go to the script.
 DRIVER_READ = tuple(f.name for f in dataclasses.fields(ConfigArgs) if "key" in f.metadata)
@@ -209,7 +207,8 @@ def _override_value(key, raw):
         try:
             return yaml.safe_load(raw)
         except yaml.YAMLError:
-            raise UserError(f"--params_override: the value of '{key}' is not valid yaml: {raw}") from None
+            raise UserError(f"--params_override: the value of '{key}' is not valid yaml: "
+                            f"{secrets.MASK if secrets.is_secret(key) else raw}") from None
     return raw
 
 
@@ -272,13 +271,9 @@ def to_yaml(config, indent=0):
         else:
             option = f.metadata["option"]
             flag = f"create_config.py --{option}" if option in DRIVER_READ else f"--{option}"
-            if option in SECRETS and value is not None:
+            if secrets.is_secret(option) and value is not None:  # a token must not sit in model_dir (flaxlm.secrets)
                 value, flag = None, f"{flag} (given, not written: a secret)"
             text = yaml.safe_dump([value], default_flow_style=True, width=float("inf")).strip()[1:-1]
             lines.append(f"{pad}{f.name}: {text}  # {flag}")
     return "\n".join(lines)
 
-
-def printable(argv):
-    """argv with the values of SECRETS hidden."""
-    return [a.split("=", 1)[0] + "=***" if a.split("=", 1)[0].lstrip("-") in SECRETS else a for a in argv]

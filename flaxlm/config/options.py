@@ -1,12 +1,12 @@
 """Every command-line option of every script, declared once with everything about it, grouped as Hugging Face
 grouped them.
 
-Names follow Hugging Face's run_mlm_flax.py / TrainingArguments so old command lines keep working. Besides its
-type, default, help and choices, an option may carry:
+Names follow Hugging Face's run_mlm_flax.py / TrainingArguments so old command lines keep working. An option whose
+name says token, key, secret or password holds a secret, never written, sent nor printed (flaxlm.secrets). Besides
+its type, default, help and choices, an option may carry:
   key       its place in train.py's nested config (flaxlm.config.experiments), e.g. trainer.summary_interval
   minimum   the least value it takes (NaN/inf never pass for a float either)
   set_by    the train.py flag that sets it (train.py's config has no key for it)
-  secret    never written to experiment.yaml nor printed (a token)
   unless    (a required option) the option whose value makes it optional (None then)
 """
 import dataclasses
@@ -33,9 +33,9 @@ def required(**about):
     return dataclasses.field(kw_only=True, metadata=_metadata(**about))
 
 
-def _metadata(help="", key=None, minimum=None, choices=None, aliases=(), set_by=None, secret=None, unless=None):
+def _metadata(help="", key=None, minimum=None, choices=None, aliases=(), set_by=None, unless=None):
     about = {"key": key, "minimum": minimum, "choices": choices, "aliases": aliases, "set_by": set_by,
-             "secret": secret, "unless": unless}
+             "unless": unless}
     return {"help": help, **{name: value for name, value in about.items() if value not in (None, ())}}
 
 
@@ -70,7 +70,9 @@ class ModelArgs(ModelLoadingArgs):
     config_name: str | None = option(key="task.model.config_name", help="directory (or hub name) holding config.json")
     use_fast_tokenizer: bool = option(True, key="task.model.use_fast_tokenizer",
                                       help="accepted for compatibility; tokenizers are always fast")
-    token: str | None = option(key="task.model.token", secret=True, help="hub token for private models and datasets")
+    token: str | None = option(key="task.model.token",
+                              help="hub token for private models and datasets (HF_TOKEN or `hf auth login` keep it off "
+                                   "the command line)")
     trust_remote_code: bool = option(False, key="task.model.trust_remote_code",
                                      help="allow code from the hub (off unless asked for)")
     scan_layers: bool = option(False, key="task.model.scan_layers",
@@ -322,7 +324,9 @@ class TrainingArgs(MultiHostArgs):
     push_to_hub: bool = option(False, key="export.push_to_hub",
                                help="upload the exported model to the hub (needs network)")
     hub_model_id: str | None = option(key="export.hub_model_id", help="repository name for --push_to_hub")
-    hub_token: str | None = option(key="export.hub_token", secret=True, help="token for --push_to_hub")
+    hub_token: str | None = option(key="export.hub_token",
+                                   help="token for --push_to_hub (HF_TOKEN or `hf auth login` keep it off the command "
+                                        "line)")
     peak_flops: float | None = option(key="trainer.peak_flops",
                                       help="device peak FLOP/s for MFU (default: known table, measured on CPU)")
     report_to: list[str] | None = option(key="trainer.report_to",

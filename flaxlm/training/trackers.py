@@ -2,14 +2,17 @@
 library, with transformers' names and environment variables:
 
     tensorboard  TensorBoard event files in OUTPUT_DIR/tensorboard (tensorboardX; the default)
-    wandb        Weights & Biases: WANDB_PROJECT (default flaxlm), WANDB_ENTITY, WANDB_MODE=offline, WANDB_API_KEY, ...
-    mlflow       MLflow: MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME (default flaxlm), ...
-    trackio      Hugging Face's local-first tracker: TRACKIO_PROJECT (default flaxlm), TRACKIO_DIR, TRACKIO_SPACE_ID
+    wandb        Weights & Biases: WANDB_PROJECT (default flaxlm), WANDB_ENTITY, WANDB_MODE=offline, WANDB_API_KEY,
+                 WANDB_DIR (default OUTPUT_DIR: its files in OUTPUT_DIR/wandb), ...
+    mlflow       MLflow: MLFLOW_TRACKING_URI (default: MLflow's), MLFLOW_EXPERIMENT_NAME (default flaxlm), ...
+    trackio      Hugging Face's local-first tracker: TRACKIO_PROJECT (default flaxlm), TRACKIO_DIR (default: trackio's),
+                 TRACKIO_SPACE_ID
 
 Each gets every row of metrics.jsonl at its step (as SPLIT/NAME: train/loss, eval/accuracy, data/...), the run's
-options as its config (tokens left out) and loss.png at the end; --run_name names the run. A resumed run continues
-the same tracker run (OUTPUT_DIR/trackers.json keeps the ids) and sends no step twice. A tracker that fails, at the
-start or mid-run, costs one warning and is dropped: the training goes on.
+options as its config (secrets left out: flaxlm.secrets, which also masks them in the command line W&B records) and
+loss.png at the end; --run_name names the run. Each writes where its own settings say. A resumed run continues the
+same tracker run (OUTPUT_DIR/trackers.json keeps the ids) and sends no step twice. A tracker that fails, at the start
+or mid-run, costs one warning and is dropped: the training goes on.
 """
 import json
 import os
@@ -94,7 +97,7 @@ class Wandb:
         import wandb
         self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name, config=config,
-                              dir=output_dir, id=saved.get("id"), resume="allow" if saved else None,
+                              dir=None if os.environ.get("WANDB_DIR") else output_dir, id=saved.get("id"), resume="allow" if saved else None,
                               reinit="create_new")
         self.state = {"id": self.run.id}
 
