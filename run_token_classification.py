@@ -37,6 +37,7 @@ def main(argv=None):
     from flaxlm.tasks.token_classification import token_objective, token_rows, unscored_words
     from flaxlm.tasks.tagging_report import judge_split
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.tokenization.split_words import prefix_every_word
     from flaxlm.training.compile_for import check_fit
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
@@ -56,6 +57,7 @@ def main(argv=None):
     # Tokenizer and model: the pretrained encoder with a token-classification head.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
+    tokenizer = prefix_every_word(tokenizer)  # byte-level BPE: a space before every word, as transformers' recipes
     config, model = load_model(model_args, seed=args.seed, task="token_classification", abstract=target is not None,
                                id2label=dict(enumerate(names)))  # --compile_for: shapes only
     check_fits(tokenizer, config)

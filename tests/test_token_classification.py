@@ -143,6 +143,47 @@ def test_first_sub_token_labels_and_label_all_tokens(pretrained):
     assert align_labels([None, 0, 1, 1, 2, 2, None], [0, 0, 2], names, True) == [IGNORE, 0, 0, 1, 2, 2, IGNORE]
 
 
+SPLIT_WORDS = [["Dommer", "Finn", "avstår", "."], ["U.S.", "høy-", "rente", "2 000", "Tromsø"], ["Ja"]]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "bpe-lowercase", "wordpiece", "unigram", "xlmr-unigram", "byte"])
+def test_words_are_tokenized_as_transformers_is_split_into_words(kind, corpus, tmp_path):
+    """Every tokenizer type: the rows' ids and each word's first sub-token are transformers' is_split_into_words
+    encoding (byte-level BPE loaded with add_prefix_space=True, as its recipes do; ByT5's Python tokenizer, which has
+    no word_ids(), a word per its UTF-8 bytes), and the tokenizer saved beside the export encodes them alike."""
+    import train_tokenizer
+    from transformers import AutoTokenizer
+    from flaxlm.tokenization.loading import load_tokenizer
+    from flaxlm.tokenization.split_words import prefix_every_word
+    lowercase, kind = kind.endswith("-lowercase"), kind.removesuffix("-lowercase")
+    size = [] if kind == "byte" else ["--vocab_size", "300"]
+    train_tokenizer.main(["--type", kind, "--train_file", corpus["train"], *size, "--output_dir", str(tmp_path / "t"),
+                          *(["--lowercase"] if lowercase else [])])
+    tok = prefix_every_word(load_tokenizer(str(tmp_path / "t")))
+    tok.save_pretrained(tmp_path / "export")
+    rows = token_rows({"train": Sentences("t", SPLIT_WORDS, [["O"] * len(w) for w in SPLIT_WORDS])}, tok, 64,
+                      ["O"])["train"]
+    byte_level = kind == "bpe"
+    # A lowercasing BPE loads as a plain TokenizersBackend, which takes add_prefix_space from tokenizer.json only
+    ref = AutoTokenizer.from_pretrained(tmp_path / ("export" if lowercase else "t"),
+                                        **({"add_prefix_space": True} if byte_level else {}))
+    enc = ref(SPLIT_WORDS, is_split_into_words=True)
+    for i, words in enumerate(SPLIT_WORDS):
+        n = int(rows["attention_mask"][i].sum())
+        assert rows["input_ids"][i, :n].tolist() == enc["input_ids"][i]
+        if ref.is_fast:
+            word_ids = enc.word_ids(i)
+        else:  # ByT5: a word's sub-tokens are its bytes
+            word_ids = [k for k, w in enumerate(words) for _ in w.encode()] + [None]
+        firsts = [j for j, w in enumerate(word_ids) if w is not None and (j == 0 or word_ids[j - 1] != w)]
+        assert np.flatnonzero(rows["word_ids"][i] >= 0).tolist() == firsts
+        assert rows["word_ids"][i, firsts].tolist() == list(range(len(words)))
+    again = AutoTokenizer.from_pretrained(tmp_path / "export")(SPLIT_WORDS, is_split_into_words=True)
+    assert again["input_ids"] == enc["input_ids"]
+    if byte_level:  # every word after a space, the first one too
+        assert all(ref.convert_ids_to_tokens(ids)[1].startswith("Ġ") for ids in enc["input_ids"])
+
+
 def test_seqeval_numbers_on_a_hand_made_case():
     """Gold: PER, LOC, ORG; predicted: PER (right), LOC (wrong place): P 1/2, R 1/3, F1 0.4; 4 of 6 words."""
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-ORG"]]
@@ -160,12 +201,13 @@ def test_seqeval_numbers_on_a_hand_made_case():
 
 def test_end_to_end_export_and_predictions(pretrained, tmp_path, capsys):
     """A few steps on a tiny NER file (CoNLL-U train, JSON-lines validation): the export loads in
-    AutoModelForTokenClassification with our logits, the predictions file follows the contract and is the
-    export's argmax, and the last eval row's metrics are seqeval's on that file."""
+    AutoModelForTokenClassification with our logits, the predictions file follows the contract and is what
+    transformers' token-classification pipeline tags the pre-split words with, and the last eval row's metrics are
+    seqeval's on that file."""
     import jax.numpy as jnp
     import torch
     from seqeval.metrics import f1_score, precision_score, recall_score
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
     from flaxlm.models import load_for_task
     out = tmp_path / "run"
     dev = tagged(12, 5)
@@ -193,7 +235,8 @@ def test_end_to_end_export_and_predictions(pretrained, tmp_path, capsys):
     hf, info = AutoModelForTokenClassification.from_pretrained(out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert type(hf).__name__ == "RobertaForTokenClassification" and hf.config.id2label[1] == "B-PER"
-    enc = AutoTokenizer.from_pretrained(out)([" ".join(w) for w, _ in dev], padding=True, return_tensors="np")
+    tok = AutoTokenizer.from_pretrained(out)
+    enc = tok([w for w, _ in dev], is_split_into_words=True, padding=True, return_tensors="np")
     with torch.no_grad():
         theirs = hf.eval()(input_ids=torch.tensor(enc["input_ids"]),
                            attention_mask=torch.tensor(enc["attention_mask"])).logits.numpy()
@@ -201,6 +244,12 @@ def test_end_to_end_export_and_predictions(pretrained, tmp_path, capsys):
     ours = np.asarray(ours(jnp.asarray(enc["input_ids"]), jnp.asarray(enc["attention_mask"])))
     real = enc["attention_mask"].astype(bool)
     np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4, rtol=0)
-    for i, s in enumerate(rows):  # each word's prediction: the export's argmax at the word's first sub-token
-        firsts = [j for j, w in enumerate(enc.word_ids(i)) if w is not None and enc.word_ids(i)[j - 1] != w]
-        assert [r[2] for r in s] == [hf.config.id2label[int(k)] for k in theirs[i, firsts].argmax(-1)]
+    # As a transformers user tags pre-split words: the pipeline's tag of each word's first sub-token is ours.
+    tagger = pipeline("token-classification", model=str(out))
+    tagged_dev = tagger([list(words) for words, _ in dev], is_split_into_words=True, aggregation_strategy="none",
+                        ignore_labels=[])
+    for (words, _), entities, s in zip(dev, tagged_dev, rows):
+        tags = {e["index"]: e["entity"] for e in entities}
+        word_ids = tok(words, is_split_into_words=True).word_ids()
+        firsts = [j for j, w in enumerate(word_ids) if w is not None and word_ids[j - 1] != w]
+        assert [r[2] for r in s] == [tags[j] for j in firsts]

@@ -28,7 +28,7 @@ from flaxlm.errors import UserError
 from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefixed, with_prefix
 from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import (LayerNorm, LMHead, activation, attention, compute_dtype, dense, dropout, embed,
-                                  fold_key)
+                                  fold_key, untrained_at)
 
 
 # The model types with RoBERTa's architecture and Hugging Face names (roberta. prefix, lm_head, positions counted
@@ -77,7 +77,7 @@ class Embeddings(nnx.Module):
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.dropout_rate = config.hidden_dropout_prob
         self.dtype = dtype
-        # Hugging Face zeroes the padding rows at initialization.
+        # Hugging Face zeroes the padding rows at initialization, and never trains them (untrained_at).
         self.word.embedding[...] = self.word.embedding[...].at[self.pad_id].set(0.0)
         if self.roberta_positions:
             self.position.embedding[...] = self.position.embedding[...].at[self.pad_id].set(0.0)
@@ -91,7 +91,11 @@ class Embeddings(nnx.Module):
             pos_BL = roberta_position_ids(ids_BL, self.pad_id)
         else:
             pos_BL = jnp.arange(ids_BL.shape[1], dtype=jnp.int32)[None, :]
-        x_BLD = self.word(ids_BL) + self.token_type(token_type_ids_BL) + self.position(pos_BL)
+        word_BLD = untrained_at(self.word(ids_BL), ids_BL, self.pad_id)  # transformers' padding_idx
+        position_BLD = self.position(pos_BL)
+        if self.roberta_positions:
+            position_BLD = untrained_at(position_BLD, pos_BL, self.pad_id)
+        x_BLD = word_BLD + self.token_type(token_type_ids_BL) + position_BLD
         x_BLD = self.norm(x_BLD).astype(self.dtype)
         return dropout(x_BLD, self.dropout_rate, key)
 

@@ -159,6 +159,13 @@ def soft_cap(x, cap):
     return x if cap is None else jnp.tanh(x / cap) * cap
 
 
+def untrained_at(x_BLD, ids_BL, row):
+    """Embeddings looked up at ids_BL with no gradient into table row `row`: torch's nn.Embedding(padding_idx=row),
+    which transformers' encoders use for the padding token, never trains that row (a loss read at padding
+    positions, as question answering's, would otherwise move it)."""
+    return jnp.where((ids_BL == row)[..., None], jax.lax.stop_gradient(x_BLD), x_BLD)
+
+
 def embed(n, d, std, rngs, cutoff=None):
     """A float32 embedding table [n, d], initialized normal(std) (truncated at +-cutoff * std if given)."""
     return nnx.Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32,

@@ -40,7 +40,7 @@ from flaxlm.models.bert import gather_rows, segment_positions
 from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefixed, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import (LayerNorm, LMHead, Segments, activation, attention, compute_dtype, dense, dropout,
-                                  embed, fold_key, split_last)
+                                  embed, fold_key, split_last, untrained_at)
 from flaxlm.models.llama import inverse_frequencies, rope
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -144,10 +144,12 @@ class Embeddings(nnx.Module):
         self.tok = embed(config.vocab_size, config.hidden_size, inits.input, rngs, inits.cutoff)
         self.norm = norm(config, rngs)
         self.dropout_rate = config.embedding_dropout
+        self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.dtype = dtype
 
     def __call__(self, ids_BL, key):
-        return dropout(self.norm(self.tok(ids_BL)).astype(self.dtype), self.dropout_rate, key)
+        x_BLD = untrained_at(self.tok(ids_BL), ids_BL, self.pad_id)  # transformers' padding_idx
+        return dropout(self.norm(x_BLD).astype(self.dtype), self.dropout_rate, key)
 
 
 class ModernBertEncoder(nnx.Module):

@@ -1,8 +1,8 @@
 """The question-answering objective: start/end cross-entropy over each window, SQuAD EM/F1 at evaluation.
 
 The loss of a window is the mean of the start and the end position's cross-entropy over the window's
-tokens (Hugging Face's *ForQuestionAnswering loss), with padding positions masked out so that they can
-never be predicted; 'accuracy' is the share of windows whose most likely start and end are both right.
+positions, padding included, as transformers' *ForQuestionAnswering computes it; predictions never pick a padding
+position, and 'accuracy' is the share of windows whose most likely start and end are both right.
 Evaluation also turns the logits of every validation window into answers (flaxlm.tasks.squad_answers) and
 scores them with the official exact match and F1 (flaxlm.tasks.squad_metric).
 """
@@ -20,12 +20,9 @@ BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "start_positions"
 MASKED = -1e9  # the logit of a padding position
 
 
-def window_logits(graphdef, params, batch, dropout_key=None):
-    """(start_logits_BL, end_logits_BL), float32, padding positions at MASKED."""
-    start_BL, end_BL = apply_model(graphdef, params, batch["input_ids"], batch["attention_mask"],
-                                   batch["token_type_ids"], dropout_key=dropout_key)
-    real_BL = batch["attention_mask"] > 0
-    return jnp.where(real_BL, start_BL, MASKED), jnp.where(real_BL, end_BL, MASKED)
+def padding_masked(logits_BL, batch):
+    """Start or end logits with the padding positions at MASKED: what predictions are read from."""
+    return jnp.where(batch["attention_mask"] > 0, logits_BL, MASKED)
 
 
 def collate(rows, rng=None):
@@ -49,18 +46,23 @@ def predicted_answers(outputs, eval_windows, qa_args):
 def squad_objective(graphdef, config, seq_len, pad_id, qa_args, eval_windows=None):
     """Objective for run_qa.py. eval_windows = (examples, rows, offsets_NL2) of the validation set: its
     evaluations then report SQuAD exact match and F1 (in percent) besides the loss."""
+    def logits(params, batch, dropout_key=None):
+        return apply_model(graphdef, params, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                           dropout_key=dropout_key)
+
     def loss_sums(params, batch, dropout_key):
-        start_BL, end_BL = window_logits(graphdef, params, batch, dropout_key)
+        start_BL, end_BL = logits(params, batch, dropout_key)
         start_pos_B, end_pos_B = batch["start_positions"], batch["end_positions"]
         ce_B = 0.5 * (optax.softmax_cross_entropy_with_integer_labels(start_BL, start_pos_B)
                       + optax.softmax_cross_entropy_with_integer_labels(end_BL, end_pos_B))
-        right_B = (start_BL.argmax(-1) == start_pos_B) & (end_BL.argmax(-1) == end_pos_B)
+        right_B = ((padding_masked(start_BL, batch).argmax(-1) == start_pos_B)
+                   & (padding_masked(end_BL, batch).argmax(-1) == end_pos_B))
         w_B = batch["weights"]
         return {"loss_sum": (ce_B * w_B).sum(), "accuracy_sum": (right_B * w_B).sum(), "weight_sum": w_B.sum()}
 
     def predict(params, batch):
-        start_BL, end_BL = window_logits(graphdef, params, batch)
-        return {"start_logits": start_BL, "end_logits": end_BL}
+        start_BL, end_BL = logits(params, batch)
+        return {"start_logits": padding_masked(start_BL, batch), "end_logits": padding_masked(end_BL, batch)}
 
     def metrics(outputs):
         examples = eval_windows[0]

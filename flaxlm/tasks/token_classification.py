@@ -5,9 +5,10 @@ objective the training loop runs, and the predictions file.
     objective = token_objective(graphdef, config, scheme, names, width, pad_id)
     write_predictions(path, sentences, predicted_tags)   # word<TAB>gold<TAB>predicted, a blank line per sentence
 
-A sentence is tokenized as its words joined by single spaces, as running text was in pretraining, and each
-sub-token is mapped to its word by character offsets. Each word's label sits on its first sub-token; the other
-sub-tokens get -100 (no loss), or the word's label with label_all_tokens (Hugging Face's run_ner.py option; a
+A sentence's words are tokenized as transformers' token-classification recipes tokenize pre-split words
+(flaxlm.tokenization.split_words: is_split_into_words; byte-level BPE with a space before every word, set on the
+tokenizer run_token_classification.py exports). Each word's label sits on its first sub-token; the other sub-tokens
+get -100 (no loss), or the word's label with label_all_tokens (Hugging Face's run_ner.py option; a
 B- tag becomes I- on the later sub-tokens). Predictions and metrics are per word, read at its first sub-token.
 Words past --max_seq_length are not scored (a warning says how many). The loss is the mean cross-entropy over the
 labeled sub-tokens of the batch, as transformers' *ForTokenClassification computes it.
@@ -21,23 +22,12 @@ import numpy as np
 from flaxlm.errors import UserError
 from flaxlm.models import apply_model
 from flaxlm.tasks.tagging_metrics import score
+from flaxlm.tokenization.split_words import encode_words
 from flaxlm.training.flops import encoder_mlm_train_flops
 from flaxlm.training.objective import Objective
 
 IGNORE = -100  # the label of a sub-token that has no loss (transformers' ignore_index)
 ROUND_WIDTH = 8  # rows are as wide as the longest sentence, rounded up to this (at most max_seq_length)
-
-
-def word_ids_of(words, offsets, special):
-    """The word index of each sub-token of " ".join(words) tokenized with offsets (None for special tokens): the
-    word its characters belong to; a bare space piece (an empty span, byte-level BPE's lone Ġ) belongs to the word
-    after it, as the tokenizer's own word_ids() counts it."""
-    owner = []
-    for i, w in enumerate(words):
-        owner += [i] * len(w) + [None]
-    return [None if is_special else next((owner[c] for c in range(start, max(end, start + 1)) if c < len(owner)
-                                          and owner[c] is not None), None)
-            for (start, end), is_special in zip(offsets, special)]
 
 
 def align_labels(word_ids, word_labels, names, label_all_tokens=False):
@@ -61,27 +51,15 @@ def align_labels(word_ids, word_labels, names, label_all_tokens=False):
     return out
 
 
-def _encode(tokenizer, sentences, max_seq_length):
-    """[(input_ids, word_ids)] of each sentence, truncated to max_seq_length sub-tokens."""
-    try:
-        enc = tokenizer([" ".join(words) for words in sentences.words], truncation=True, max_length=max_seq_length,
-                        return_offsets_mapping=True, return_special_tokens_mask=True, return_attention_mask=False,
-                        verbose=False)
-    except NotImplementedError:
-        raise UserError("the tokenizer gives no character offsets, which token classification needs; use a fast "
-                        "tokenizer (tokenizer.json)") from None
-    return [(ids, word_ids_of(words, offsets, special)) for ids, offsets, special, words in
-            zip(enc["input_ids"], enc["offset_mapping"], enc["special_tokens_mask"], sentences.words)]
-
-
 def token_rows(splits, tokenizer, max_seq_length, names, label_all_tokens=False):
     """{split: {"input_ids", "attention_mask", "token_type_ids", "labels" (IGNORE where no loss), "word_ids" (the
     word index at each word's first sub-token, -1 elsewhere): int32 [N, W]}}, W the longest sentence over all
-    splits rounded up to ROUND_WIDTH (at most max_seq_length). An unlabeled split's labels are all IGNORE."""
+    splits rounded up to ROUND_WIDTH (at most max_seq_length). An unlabeled split's labels are all IGNORE. The
+    tokenizer as the export will have it (prefix_every_word)."""
     if tokenizer.pad_token_id is None:
         raise UserError("the tokenizer has no pad token, which token classification needs; use one with a pad token")
     index = {n: i for i, n in enumerate(names)}
-    encoded = {split: _encode(tokenizer, s, max_seq_length) for split, s in splits.items()}
+    encoded = {split: encode_words(tokenizer, s.words, max_seq_length) for split, s in splits.items()}
     longest = max(len(ids) for enc in encoded.values() for ids, _ in enc)
     width = min(max_seq_length, -(-longest // ROUND_WIDTH) * ROUND_WIDTH)
     out = {}
