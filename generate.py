@@ -5,8 +5,11 @@ config.json + safetensors, sharded or not), in JAX.
     python generate.py --model_name_or_path runs/clm-demo/run --prompt "def main(" --max_new_tokens 40
     python generate.py --model_name_or_path DIR --prompt_file prompts.txt --do_sample --top_p 0.9 --seed 1
 
-All prompts go in one left-padded batch; greedy unless --do_sample. Prints each prompt with its continuation,
-then the generation speed (compilation excluded).
+    python generate.py --model_name_or_path runs/sft --chat --prompt "Hva er hovedstaden i Norge?"
+
+All prompts go in one left-padded batch; greedy unless --do_sample; --chat renders each as a user turn of the
+tokenizer's chat template (run_sft.py's export) and the answer ends with the turn. Prints each prompt with its
+continuation, then the generation speed (compilation excluded).
 """
 import os
 import sys
@@ -43,8 +46,15 @@ def load_causal_lm(path, dtype):
     return load_pretrained(path, dtype)
 
 
-def encode(tokenizer, text):
-    """Token ids of a prompt with the tokenizer's special tokens (e.g. a BOS), less a trailing EOS."""
+def encode(tokenizer, text, chat=False, system=None):
+    """Token ids of a prompt with the tokenizer's special tokens (e.g. a BOS), less a trailing EOS; with chat, the
+    prompt as a user turn (after a system one) rendered by the tokenizer's chat template, the generation prompt
+    added, its special tokens the template's own."""
+    if chat:
+        from flaxlm.data.chat_template import render
+        turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        return tokenizer(render(tokenizer, tokenizer.chat_template, turns, add_generation_prompt=True),
+                         add_special_tokens=False)["input_ids"]
     ids = tokenizer(text)["input_ids"]
     if ids and tokenizer.eos_token_id is not None and ids[-1] == tokenizer.eos_token_id:
         ids = ids[:-1]
@@ -62,7 +72,11 @@ def main(argv=None):
     config, model = load_causal_lm(args.model_name_or_path, args.dtype)
     tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path, local_only=True)
     check_fits(tokenizer, config)
-    ids = [encode(tokenizer, text) for text in prompts]
+    if args.chat and not tokenizer.chat_template:
+        source = args.tokenizer_name or args.model_name_or_path
+        raise UserError(f"--chat needs a chat template, which the tokenizer of {source} has not; pass a model "
+                        f"run_sft.py exported, or drop --chat")
+    ids = [encode(tokenizer, text, args.chat, args.system) for text in prompts]
     for i, prompt_ids in enumerate(ids):
         if not prompt_ids:
             raise UserError(f"prompt {i + 1} encodes to no tokens; give it some text")

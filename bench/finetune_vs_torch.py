@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 
@@ -37,6 +36,8 @@ sys.path.insert(0, REPO)
 DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
 import numpy as np  # noqa: E402
+
+from bench.adapt_vocabulary import run  # noqa: E402  -- a script as a subprocess, logged; the bench stops if it fails
 
 COMMON = ["--warmup_steps", "0", "--weight_decay", "0.01", "--max_grad_norm", "1.0", "--do_train", "--do_eval",
           "--logging_steps", "100", "--eval_steps", "100000", "--save_steps", "100000", "--save_total_limit", "1",
@@ -70,18 +71,6 @@ TASKS = {
         "--max_source_length", "128", "--max_target_length", "128", "--train_batch_size", "16",
         "--learning_rate", "1e-3", "--num_train_epochs", "5"]),
 }
-
-
-def run(script, argv, log_path):
-    """`python script argv` in the checkout, its output appended to log_path; stops the bench if it fails."""
-    t0 = time.time()
-    with open(log_path, "a") as log:
-        log.write(f"$ python {script} {' '.join(argv)}\n")
-        log.flush()
-        p = subprocess.run([sys.executable, script, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    print(f"  {script} {' '.join(argv[:4])} ... ({time.time() - t0:.0f} s)", flush=True)
-    if p.returncode != 0:
-        sys.exit(f"{script} failed (exit {p.returncode}); see {log_path}")
 
 
 def make_checkpoints(a, w, log):

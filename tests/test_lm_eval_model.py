@@ -120,3 +120,41 @@ def test_the_command_line_runs_lm_eval_with_the_model_registered(export_of, task
     (results,) = (tmp_path / "out").rglob("results_*.json")
     figures = json.loads(results.read_text())["results"]["flaxlm_rolling"]
     assert figures["bits_per_byte,none"] > 0
+
+
+PLAIN_CHAT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+              "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_chat_template_and_multiturn_fewshot_as_lm_evals_hf_backend(export_of, tasks_dir, tmp_path):
+    """--apply_chat_template --fewshot_as_multiturn: the requests rendered by the export's chat template (run_sft.py's
+    exports carry one) as the hf backend renders them, with the same answers."""
+    import shutil
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoTokenizer
+    from flaxlm.tasks.lm_eval_model import FlaxLM
+    export = tmp_path / "chat"
+    shutil.copytree(export_of("gpt2"), export)
+    tok = AutoTokenizer.from_pretrained(export)
+    tok.chat_template = PLAIN_CHAT
+    tok.save_pretrained(export)
+    tasks = ["flaxlm_choice", "flaxlm_generate"]
+
+    def run(model):
+        return simple_evaluate(model=model, tasks=tasks, task_manager=TaskManager(include_path=str(tasks_dir),
+                                                                                  include_defaults=False),
+                               num_fewshot=1, apply_chat_template=True, fewshot_as_multiturn=True,
+                               system_instruction="Answer.", log_samples=True, bootstrap_iters=0, random_seed=0,
+                               numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    ours = run(FlaxLM(pretrained=str(export), batch_size=2, max_length=96))
+    theirs = run(HFLM(pretrained=str(export), batch_size=2, max_length=96, dtype="float32", device="cpu"))
+    for task in tasks:
+        for x, y in zip(ours["samples"][task], theirs["samples"][task]):
+            assert x["arguments"] == y["arguments"] and "assistant:" in str(x["arguments"])
+            for rx, ry in zip(x["resps"], y["resps"]):
+                if task == "flaxlm_generate":
+                    assert rx == ry
+                else:
+                    np.testing.assert_allclose(rx[0][0], ry[0][0], rtol=1e-4, atol=1e-4)

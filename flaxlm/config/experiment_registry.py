@@ -10,8 +10,8 @@ import difflib
 
 from flaxlm.config.experiments import DRIVER_READ, config_class
 from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, MaskedLMArgs, ModelArgs, PreparedDataArgs,
-                                   QuestionAnsweringArgs, SentencePredictionArgs, SpanCorruptionArgs, TextSourceArgs,
-                                   TrainingArgs)
+                                   QuestionAnsweringArgs, SentencePredictionArgs, SFTArgs, SpanCorruptionArgs,
+                                   TextSourceArgs, TrainingArgs)
 from flaxlm.errors import UserError
 
 # What each --mode sets of the options train.py owns (their set_by is --mode).
@@ -49,6 +49,7 @@ CLM = (ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, Trai
 SPAN = (ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, PreparedDataArgs, TrainingArgs)
 SENTENCE = (ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs)
 SQUAD = (ModelArgs, TextSourceArgs, DataArgs, QuestionAnsweringArgs, TrainingArgs)
+SFT = (ModelArgs, TextSourceArgs, DataArgs, SFTArgs, TrainingArgs)
 
 
 def _optimizer(**values):
@@ -88,6 +89,10 @@ _EXPERIMENTS = [
         "task.model.preset": None, "task.data.max_seq_length": 384, "task.train_data.global_batch_size": 32,
         "trainer.num_train_epochs": 2.0, **_optimizer(learning_rate=3e-5)},
         "fine-tune a BERT/RoBERTa checkpoint for extractive question answering (SQuAD v1.1 / v2.0)"),
+    Experiment("decoder/sft", "run_sft", SFT, False, {
+        "task.model.preset": None, "task.train_data.global_batch_size": 8, "trainer.num_train_epochs": 3.0,
+        **_optimizer(learning_rate=2e-5)},
+        "supervised fine-tuning of a decoder on conversations (TRL's SFTTrainer defaults: lr 2e-5, 3 epochs)"),
 ]
 EXPERIMENTS = {e.name: e for e in _EXPERIMENTS}
 

@@ -414,6 +414,10 @@ class GenerateArgs(ModelLoadingArgs):
     top_p: float = option(1.0, help="with --do_sample: draw from the smallest set of tokens holding this "
                                     "probability mass (1: all)")
     seed: int = option(42, minimum=0, help="seed of the sampling")
+    chat: bool = option(False, help="each prompt a user turn of the tokenizer's chat template (the generation prompt "
+                                    "added), as apply_chat_template + generate in transformers; the answer stops at "
+                                    "the end of the turn (run_sft.py's export)")
+    system: str | None = option(help="with --chat: a system turn before each prompt")
 
 
 @dataclass
@@ -555,6 +559,25 @@ class Seq2SeqArgs:
     predict_with_generate: bool = option(True, key="task.seq2seq.predict_with_generate",
                                          help="accepted for compatibility: every evaluation generates and reports "
                                               "BLEU, chrF and ROUGE")
+
+
+@dataclass
+class SFTArgs:
+    """run_sft.py's options (TRL's SFTConfig names where it has them)."""
+    chat_template: str | None = option(aliases=("--chat_template_path",), key="task.sft.chat_template",
+                                       help="the chat template conversations are rendered with: the tokenizer's own "
+                                            "(default), chatml, or a jinja template file; the export's tokenizer "
+                                            "keeps it")
+    train_on_prompt: bool = option(False, key="task.sft.train_on_prompt",
+                                   help="train on every token, not only the assistant turns (a prompt's completion)")
+    max_length: int | None = option(minimum=2, key="task.sft.max_length",
+                                    help="tokens per row (TRL's max_length; default: the tokenizer's "
+                                         "model_max_length, at most 1024 and the model's positions)")
+    packing: bool = option(True, key="task.sft.packing",
+                           help="lay whole examples into rows best-fit (each attends only to itself, positions from "
+                                "0); false: one example per row")
+    long_examples: str = option("truncate", choices=("truncate", "drop"), key="task.sft.long_examples",
+                                help="an example longer than --max_length: cut to it (TRL's), or left out")
 
 
 EXPERIMENT_MODES = ("train", "eval", "train_and_eval", "continuous_eval")

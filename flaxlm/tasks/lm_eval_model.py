@@ -14,7 +14,9 @@ per group of requests with the same arguments (flaxlm.models.generation).
 
 model_args: pretrained (the model directory), tokenizer (default: pretrained), dtype (float32, bfloat16), max_length
 (default: the model's positions, at most 2048), max_gen_toks (default 256), sharding (data or fsdp), add_bos_token
-(as lm-eval's hf backend). lm-eval's --batch_size is the rows per device of each forward pass (a number).
+(as lm-eval's hf backend). lm-eval's --batch_size is the rows per device of each forward pass (a number);
+--apply_chat_template and --fewshot_as_multiturn render the requests with the tokenizer's chat template (run_sft.py's
+export) as the hf backend does.
 """
 import json
 
@@ -66,6 +68,31 @@ class FlaxLM(TemplateLM):
     @property
     def tokenizer_name(self):
         return self.tokenizer.name_or_path.replace("/", "__")
+
+    def chat_template(self, chat_template=False):
+        """The tokenizer's chat template when lm-eval's --apply_chat_template asks for it (run_sft.py's exports
+        carry one), else None."""
+        if chat_template is False or chat_template is None:
+            return None
+        if not self.tokenizer.chat_template:
+            raise UserError(f"--apply_chat_template needs a chat template, which the tokenizer of {self.lm.path} "
+                            f"has not; drop --apply_chat_template, or pass a model run_sft.py exported")
+        return self.tokenizer.chat_template
+
+    def apply_chat_template(self, chat_history, add_generation_prompt=True):
+        """The conversation rendered by the chat template, as lm-eval's hf backend renders it (--apply_chat_template,
+        --fewshot_as_multiturn): the generation prompt added, or the last turn continued; a template that refuses a
+        system turn gets none."""
+        import jinja2
+
+        def render(history):
+            return self.tokenizer.apply_chat_template(history, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=not add_generation_prompt)
+        try:
+            return render(chat_history)
+        except jinja2.exceptions.TemplateError:
+            return render([m for m in chat_history if m["role"] != "system"])
 
     def tok_encode(self, string, add_special_tokens=None, left_truncate_len=None, **kwargs):
         """As lm-eval's hf backend: the tokenizer's special tokens unless add_bos_token says otherwise or the text

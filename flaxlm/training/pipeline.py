@@ -272,9 +272,10 @@ def run_optimizer(args, params, total_steps, vocab_size=None):
     return make_optimizer(args, total_steps, decay_mask(params), trainable)
 
 
-def export(args, model_args, config, params, tokenizer, load_with):
+def export(args, model_args, config, params, tokenizer, load_with, how=None):
     """Write the model (config.json + model.safetensors), tokenizer and model card (README.md) in Hugging Face
-    format to --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job)."""
+    format to --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job).
+    how: what the card says was done (default: from load_with and --model_name_or_path)."""
     from flaxlm.training import mesh as meshlib
     from flaxlm.models import save_pretrained
     from flaxlm.training.output_dir import push_to_hub
@@ -285,7 +286,7 @@ def export(args, model_args, config, params, tokenizer, load_with):
     tokenizer.save_pretrained(out)
     print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
     repo_id = (args.hub_model_id or os.path.basename(os.path.abspath(out))) if args.push_to_hub else None
-    write_card(args, model_args, config, params, tokenizer, load_with, repo_id or out)
+    write_card(args, model_args, config, params, tokenizer, load_with, repo_id or out, how)
     if args.push_to_hub:
         push_to_hub(out, repo_id, args.hub_token or model_args.token)
 
@@ -293,14 +294,16 @@ def export(args, model_args, config, params, tokenizer, load_with):
 PRETRAINING = ("CausalLM", "MaskedLM", "ForPreTraining", "ConditionalGeneration")  # the pretraining scripts' load_with
 
 
-def write_card(args, model_args, config, params, tokenizer, load_with, repo):
+def write_card(args, model_args, config, params, tokenizer, load_with, repo, how=None):
     """The export's model card (flaxlm.training.model_card): pretrained from scratch, continued from
-    --model_name_or_path, or fine-tuned from it; repo: where it loads from (the hub id pushed to, or the folder)."""
+    --model_name_or_path, or fine-tuned from it (or `how`); repo: where it loads from (the hub id pushed to, or the
+    folder)."""
     from flaxlm.config.cli import parsed_options, parsed_prog
     from flaxlm.models import count_params
     from flaxlm.training.model_card import write_model_card
     base = model_args.model_name_or_path
-    how = ("pretrained from scratch" if not base else "continued pretraining" if load_with.endswith(PRETRAINING)
-           else "fine-tuned")
+    if how is None:
+        how = ("pretrained from scratch" if not base else "continued pretraining" if load_with.endswith(PRETRAINING)
+               else "fine-tuned")
     write_model_card(args.output_dir, config=config, tokenizer=tokenizer, auto_class=load_with, script=parsed_prog(),
                      options=parsed_options(), n_params=count_params(params), base_model=base, how=how, repo=repo)

@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""Supervised fine-tuning of a decoder on conversations, as TRL's SFTTrainer does it, in JAX/Flax.
+
+Pipeline: options -> output directory -> tokenizer, its chat template (ChatML's markers added as tokens if the
+vocabulary lacks them) and the decoder (GPT-2, OPT, Llama, Mistral, Qwen2/3, Gemma 1/2/3, GPT-Neo, GPT-J, BLOOM) ->
+examples in TRL's formats (messages; prompt + completion; text) -> tokens and which are trained on (the assistant
+turns, found by rendering the template turn by turn; --train_on_prompt: every token) -> whole examples packed into
+rows of --max_length (none attends to another) -> training over all devices with evaluation (the loss on the
+held-out answers) and checkpoints -> export in Hugging Face format, the tokenizer with its chat template.
+
+    python run_sft.py --output_dir runs/sft --model_name_or_path runs/my-gpt2 --chat_template chatml \
+        --train_file conversations.jsonl --validation_split_percentage 5 --max_length 1024 --learning_rate 2e-5
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flaxlm.config.options import DataArgs, ModelArgs, SFTArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.cli import parse_args  # noqa: E402
+from flaxlm.errors import run_main  # noqa: E402
+
+
+def main(argv=None):
+    model_args, source, data_args, sft_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, SFTArgs, TrainingArgs, argv=argv, prog="run_sft.py",
+        description=__doc__)
+    from flaxlm.training import mesh as meshlib
+    from flaxlm.adaptation.added_tokens import add_special_tokens
+    from flaxlm.data.chat_rows import encode, placeholder_rows, sft_rows
+    from flaxlm.data.conversations import load_conversations
+    from flaxlm.data.rows import ShuffledRows, total_train_steps
+    from flaxlm.models import merge_model, split_model
+    from flaxlm.objectives.clm import resolve_block_size
+    from flaxlm.objectives.sft import sft_objective
+    from flaxlm.training.compile_for import check_fit
+    from flaxlm.training.output_dir import start_fresh
+    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
+    from flaxlm.training.run_log import say
+    from flaxlm.data.chat_template import end_of_turn, missing_markers, resolve_template
+    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+
+    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+
+    # Examples, tokenizer and chat template, the decoder (with the template's markers added if it lacks them).
+    examples = None if target else load_conversations(
+        source, data_args.validation_split_percentage, args.seed, max_train_samples=data_args.max_train_samples,
+        max_eval_samples=data_args.max_eval_samples)
+    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
+                               trust_remote_code=model_args.trust_remote_code)
+    template = resolve_template(tokenizer, sft_args.chat_template)
+    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
+    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
+                               sharding=args.sharding, abstract=target is not None)
+    graphdef, params = split_model(model)
+    markers = missing_markers(tokenizer, template)
+    if markers and not target:
+        tokenizer, config, params = add_special_tokens(tokenizer, config, params, markers)
+        graphdef = split_model(merge_model(graphdef, params))[0]
+        say(f"added the chat template's {', '.join(markers)} to the vocabulary ({config.vocab_size} rows), each row "
+            f"the mean of its pieces' rows")
+    tokenizer.chat_template = template  # the export answers as it was trained
+    stop = end_of_turn(tokenizer, template)
+    if stop and stop != tokenizer.eos_token:  # generation (transformers' too) stops where a turn ends
+        say(f"the end of an assistant turn, {stop}, is the exported model's eos token (was {tokenizer.eos_token})")
+        tokenizer.eos_token = stop
+        config.eos_token_id = tokenizer.eos_token_id
+    check_fits(tokenizer, config)
+    max_length = resolve_block_size(sft_args.max_length, data_args.max_seq_length, tokenizer, config)
+
+    # Batch sizes and the objective: the trained tokens predicted from the ones before them.
+    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    objective = sft_objective(graphdef, config, params, max_length, pad_id, head_chunk_rows=args.lm_head_chunk_rows)
+    if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
+        return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
+                         placeholder_rows(max_length, len(tokenizer)), config.vocab_size)
+
+    # Examples -> tokens and what is trained on -> rows of max_length.
+    rows = {}
+    for split, split_examples in examples.items():
+        seqs = [encode(tokenizer, template, e, sft_args.train_on_prompt) for e in split_examples]
+        rows[split], report = sft_rows(seqs, max_length, pad_id, sft_args.packing, sft_args.long_examples)
+        long = (f"; {report['cut']} longer than {max_length} cut to it" if report["cut"] else
+                f"; {report['dropped']} longer than {max_length} left out" if report["dropped"] else "")
+        print(f"{split}: {report['examples']} examples in {len(rows[split]['input_ids'])} rows of {max_length}, "
+              f"{report['trained_tokens']} of {report['tokens']} tokens trained on{long}", flush=True)
+    train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
+    total_steps = total_train_steps(args, train_rows)
+    start_fresh(args)  # inputs all read
+
+    # Train, evaluating the loss on the held-out answers.
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
+                                mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
+    export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
+           how="supervised fine-tuned on conversations (run_sft.py)")
+
+
+if __name__ == "__main__":
+    run_main(main)
