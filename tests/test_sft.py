@@ -267,7 +267,7 @@ def test_the_loss_is_trls(tiny_gpt2_dir, tmp_path):
     for kind, records in cases.items():
         trainer = SFTTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(ckpt), processing_class=tok,
                              train_dataset=Dataset.from_list(records),
-                             args=SFTConfig(output_dir=str(tmp_path / "trl"), report_to=[], use_cpu=True,
+                             args=SFTConfig(output_dir=str(tmp_path / "trl"), report_to=[], use_cpu=True, bf16=False,
                                             per_device_train_batch_size=len(records), max_length=128))
         batch = next(iter(trainer.get_train_dataloader()))
         with torch.no_grad():

@@ -9,9 +9,9 @@ import dataclasses
 import difflib
 
 from flaxlm.config.experiments import DRIVER_READ, config_class
-from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, MaskedLMArgs, ModelArgs, PreparedDataArgs,
-                                   QuestionAnsweringArgs, SentencePredictionArgs, SFTArgs, SpanCorruptionArgs,
-                                   TextSourceArgs, TrainingArgs)
+from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, DPOArgs, MaskedLMArgs, ModelArgs,
+                                   PreparedDataArgs, QuestionAnsweringArgs, SentencePredictionArgs, SFTArgs,
+                                   SpanCorruptionArgs, TextSourceArgs, TrainingArgs)
 from flaxlm.errors import UserError
 
 # What each --mode sets of the options train.py owns (their set_by is --mode).
@@ -50,6 +50,7 @@ SPAN = (ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, PreparedDataArg
 SENTENCE = (ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs)
 SQUAD = (ModelArgs, TextSourceArgs, DataArgs, QuestionAnsweringArgs, TrainingArgs)
 SFT = (ModelArgs, TextSourceArgs, DataArgs, SFTArgs, TrainingArgs)
+DPO = (ModelArgs, TextSourceArgs, DataArgs, DPOArgs, TrainingArgs)
 
 
 def _optimizer(**values):
@@ -93,6 +94,10 @@ _EXPERIMENTS = [
         "task.model.preset": None, "task.train_data.global_batch_size": 8, "trainer.num_train_epochs": 3.0,
         **_optimizer(learning_rate=2e-5)},
         "supervised fine-tuning of a decoder on conversations (TRL's SFTTrainer defaults: lr 2e-5, 3 epochs)"),
+    Experiment("decoder/dpo", "run_dpo", DPO, False, {
+        "task.model.preset": None, "task.train_data.global_batch_size": 8, "trainer.num_train_epochs": 1.0,
+        **_optimizer(learning_rate=1e-6)},
+        "preference tuning of a decoder with DPO (TRL's DPOTrainer defaults: lr 1e-6, 1 epoch, beta 0.1)"),
 ]
 EXPERIMENTS = {e.name: e for e in _EXPERIMENTS}
 

@@ -580,6 +580,29 @@ class SFTArgs:
                                 help="an example longer than --max_length: cut to it (TRL's), or left out")
 
 
+@dataclass
+class DPOArgs:
+    """run_dpo.py's options (TRL's DPOConfig names)."""
+    chat_template: str | None = option(aliases=("--chat_template_path",), key="task.dpo.chat_template",
+                                       help="the chat template message pairs are rendered with: the tokenizer's own "
+                                            "(default), chatml, or a jinja template file")
+    beta: float = option(0.1, minimum=0, key="task.dpo.beta",
+                         help="how far the policy may move from the reference (DPO's beta)")
+    loss_type: str = option("sigmoid", choices=("sigmoid", "ipo", "hinge"), key="task.dpo.loss_type",
+                            help="sigmoid (DPO), ipo or hinge, as TRL defines them")
+    label_smoothing: float = option(0.0, minimum=0, key="task.dpo.label_smoothing",
+                                    help="with sigmoid: the share of pairs taken to be flipped (conservative DPO)")
+    max_length: int | None = option(minimum=2, key="task.dpo.max_length",
+                                    help="tokens of prompt + answer (TRL's max_length; each cut from its end; "
+                                         "default: the tokenizer's model_max_length, at most 1024 and the "
+                                         "model's positions)")
+    max_prompt_length: int | None = option(minimum=1, key="task.dpo.max_prompt_length",
+                                           help="tokens of the prompt kept, from its end (default: all)")
+    reference_model: str | None = option(key="task.dpo.reference_model",
+                                         help="the reference's directory (default: the starting model); its "
+                                              "log-probabilities are computed once, before the first step")
+
+
 EXPERIMENT_MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
 
