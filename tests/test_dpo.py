@@ -166,3 +166,10 @@ def test_a_prompt_that_fills_max_length_is_one_line():
         pair_rows([([1, 2], [3], [4]), (list(range(9)), [3], [4])], 8, 0, where="train pair")
     rows = pair_rows([([1, 2], [3], [4]), (list(range(9)), [3], [4])], 8, 0, max_prompt_length=4)
     assert rows["chosen_ids"][1].tolist() == [5, 6, 7, 8, 3, 0, 0, 0]  # the prompt kept from its end
+
+
+def test_compile_for_a_slice_writes_nothing(checkpoints, tmp_path, capsys):
+    out = tmp_path / "run"
+    r = run_dpo.main(["--output_dir", str(out), "--model_name_or_path", checkpoints[0], "--max_length", "64",
+                      "--compile_for", "v5e-4"])
+    assert "fits v5e-4" in capsys.readouterr().out and r["params"] > 0 and not out.exists()
