@@ -6,7 +6,7 @@ the same rows, the same hyperparameters, over several seeds; the dev metric's me
     python bench/finetune_vs_torch.py --tasks norne ud_upos --seeds 0 1 2
 
 1. Checkpoints, made once in --work_dir with the project's scripts: a byte-level BPE tokenizer (8192) and a RoBERTa
-   (roberta-small with 2 layers: width 128; positions for QA's 384-token windows) pretrained by run_mlm_flax.py for
+   (roberta-small with 2 layers: width 128; positions for 512 tokens) pretrained by run_mlm_flax.py for
    --pretrain_steps steps on NoReC as configs/norec_mlm.yaml does (rows of 64, 30% masked); a Unigram tokenizer and a
    T5 v1.1 (2+2 layers, width 128) pretrained by run_t5_mlm_flax.py likewise (rows of 128).
 2. Data, split once (seed 0) where ../shared/data has no dev file: UD Bokmål dev 90/10 (POS), NorQuAD's training
@@ -63,8 +63,8 @@ TASKS = {
         "--train_batch_size", "8", "--learning_rate", "5e-4", "--num_train_epochs", "3"]),
     "norquad": ("run_qa.py", ENCODER, "f1", 1, [
         "--train_file", "{work}/norquad_train.json", "--validation_file", "{work}/norquad_dev.json",
-        "--max_seq_length", "384", "--doc_stride", "128", "--train_batch_size", "16", "--learning_rate", "5e-4",
-        "--num_train_epochs", "2"]),
+        "--max_seq_length", "256", "--doc_stride", "128", "--train_batch_size", "16", "--learning_rate", "5e-4",
+        "--num_train_epochs", "1"]),
     "nn_nb": ("run_seq2seq.py", T5, "chrf", 1, [
         "--train_file", "{work}/nn_nb_train.jsonl", "--validation_file", "{work}/nn_nb_dev.jsonl",
         "--source_column", "nn", "--target_column", "nb", "--source_prefix", "nynorsk til bokmål: ",

@@ -34,7 +34,7 @@ def _loop(model, rows, inputs_of, args, losses):
     for step in range(steps):
         loss = model(**inputs_of(shuffled.batch_rows(step, slice(None)))).loss
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if args.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()
@@ -80,7 +80,8 @@ def classification(flags, checkpoint, losses):
     tokenizer = load_tokenizer(checkpoint)
     rows = token_rows(examples, tokenizer, resolve_seq_len(data_args.max_seq_length, tokenizer, config), config, names)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        checkpoint, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+        checkpoint, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+        trust_remote_code=False)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     model = _loop(model, rows["train"], lambda r: _tensors(r, keys + ("labels",)), args, losses)
     dev = rows["validation"]
@@ -111,7 +112,8 @@ def token_classification(flags, checkpoint, losses):
     rows = token_rows(sentences, tokenizer, resolve_seq_len(data_args.max_seq_length, tokenizer, config), names,
                       task_args.label_all_tokens)
     model = transformers.AutoModelForTokenClassification.from_pretrained(
-        checkpoint, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+        checkpoint, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+        trust_remote_code=False)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     model = _loop(model, rows["train"], lambda r: _tensors(r, keys + ("labels",)), args, losses)
 
@@ -139,7 +141,7 @@ def question_answering(flags, checkpoint, losses):
     dev = read_squad(source.validation_file, qa_args.version_2_with_negative, "validation")
     dev = dev[:data_args.max_eval_samples]
     dev_rows, offsets_NL2 = squad_windows(dev, tokenizer, seq_len, qa_args.doc_stride, keep_offsets=True)
-    model = transformers.AutoModelForQuestionAnswering.from_pretrained(checkpoint)
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(checkpoint, trust_remote_code=False)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     labeled = keys + ("start_positions", "end_positions")
     model = _loop(model, train_rows, lambda r: _tensors(r, labeled), args, losses)
@@ -168,7 +170,7 @@ def seq2seq(flags, checkpoint, losses):
     tokenizer = load_tokenizer(checkpoint)
     rows = token_rows(pairs, tokenizer, task_args.source_prefix, task_args.max_source_length,
                       task_args.max_target_length)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(checkpoint, trust_remote_code=False)
 
     def inputs_of(r):  # labels: -100 on padding (transformers shifts them right into the decoder's inputs)
         return _tensors(r, ("input_ids", "attention_mask"),
