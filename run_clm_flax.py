@@ -17,15 +17,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import (CausalLMArgs, DataArgs, ModelArgs, PreparedDataArgs, TextSourceArgs,  # noqa: E402
-                                   TrainingArgs)
+from flaxlm.config.options import (CausalLMArgs, DataArgs, LoraArgs, ModelArgs, PreparedDataArgs,  # noqa: E402
+                                   TextSourceArgs, TrainingArgs)
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
 
 
 def main(argv=None):
-    model_args, source, data_args, clm_args, prep, args = parse_args(
-        ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, TrainingArgs, argv=argv,
+    model_args, source, data_args, clm_args, prep, lora_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, LoraArgs, TrainingArgs, argv=argv,
         prog="run_clm_flax.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
@@ -34,7 +34,7 @@ def main(argv=None):
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.compile_for import check_fit, token_rows
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
@@ -52,6 +52,7 @@ def main(argv=None):
         raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "
                         "with one (train_tokenizer.py gives </s>)")
     block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
+    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # --lora_rank: adapters only
     graphdef, params = split_model(model)
 
     # Batch sizes and the objective: every token predicted from the ones before it.
@@ -86,7 +87,8 @@ def main(argv=None):
                                 micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
 
     # Export in Hugging Face format.
-    export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM")
+    export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM", lora=lora,
+           merge_lora=lora_args.merge_lora)
 
 
 if __name__ == "__main__":

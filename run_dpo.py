@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import DataArgs, DPOArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.options import DataArgs, DPOArgs, LoraArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
 
@@ -24,8 +24,8 @@ REFERENCE_FILE = "reference_logps.npz"
 
 
 def main(argv=None):
-    model_args, source, data_args, dpo_args, args = parse_args(
-        ModelArgs, TextSourceArgs, DataArgs, DPOArgs, TrainingArgs, argv=argv, prog="run_dpo.py",
+    model_args, source, data_args, dpo_args, lora_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, DPOArgs, LoraArgs, TrainingArgs, argv=argv, prog="run_dpo.py",
         description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.chat_template import resolve_template
@@ -36,7 +36,7 @@ def main(argv=None):
     from flaxlm.objectives.dpo import dpo_objective
     from flaxlm.training.compile_for import check_fit
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
@@ -58,6 +58,7 @@ def main(argv=None):
         reference_config = load_config(dpo_args.reference_model)
         check_causal_lm(reference_config, dpo_args.reference_model)
         check_fits(tokenizer, reference_config)
+    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # adapters at zero: the base
     graphdef, params = split_model(model)
     max_length = resolve_block_size(dpo_args.max_length, data_args.max_seq_length, tokenizer, config)
 
@@ -87,7 +88,8 @@ def main(argv=None):
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
-           how=f"preference-tuned with {dpo_args.loss_type} DPO (beta {dpo_args.beta}; run_dpo.py)")
+           how=f"preference-tuned with {dpo_args.loss_type} DPO (beta {dpo_args.beta}; run_dpo.py)", lora=lora,
+           merge_lora=lora_args.merge_lora)
 
 
 def reference(args, model_args, dpo_args, graphdef, params, rows, eval_batch, mesh, pad_id):
@@ -115,7 +117,7 @@ def reference(args, model_args, dpo_args, graphdef, params, rows, eval_batch, me
         from flaxlm.models import load_pretrained, split_model
         from flaxlm.training.sharding import state_shardings
         graphdef, params = split_model(load_pretrained(
-            dpo_args.reference_model, dtype=model_args.dtype, param_dtype=model_args.param_dtype,
+            dpo_args.reference_model, dtype=model_args.dtype, param_dtype=model_args.param_dtype or "float32",
             shardings=lambda abstract: state_shardings(abstract, mesh, args.sharding))[1])
     out = {split: reference_logps(graphdef, params, r, eval_batch, mesh, pad_id) for split, r in rows.items()}
     from flaxlm.training import mesh as meshlib

@@ -16,14 +16,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from flaxlm.config.options import DataArgs, ModelArgs, SFTArgs, TextSourceArgs, TrainingArgs  # noqa: E402
+from flaxlm.config.options import DataArgs, LoraArgs, ModelArgs, SFTArgs, TextSourceArgs, TrainingArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
 from flaxlm.errors import run_main  # noqa: E402
 
 
 def main(argv=None):
-    model_args, source, data_args, sft_args, args = parse_args(
-        ModelArgs, TextSourceArgs, DataArgs, SFTArgs, TrainingArgs, argv=argv, prog="run_sft.py",
+    model_args, source, data_args, sft_args, lora_args, args = parse_args(
+        ModelArgs, TextSourceArgs, DataArgs, SFTArgs, LoraArgs, TrainingArgs, argv=argv, prog="run_sft.py",
         description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.adaptation.added_tokens import add_special_tokens
@@ -35,7 +35,7 @@ def main(argv=None):
     from flaxlm.objectives.sft import sft_objective
     from flaxlm.training.compile_for import check_fit
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.training.run_log import say
     from flaxlm.data.chat_template import end_of_turn, missing_markers, resolve_template
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
@@ -48,19 +48,22 @@ def main(argv=None):
         max_eval_samples=data_args.max_eval_samples)
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
                                trust_remote_code=model_args.trust_remote_code)
-    template = resolve_template(tokenizer, sft_args.chat_template)
+    conversational = examples is not None and any(e.messages is not None for es in examples.values() for e in es)
+    template = resolve_template(tokenizer, sft_args.chat_template) if conversational or sft_args.chat_template else None
     mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
     config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
                                sharding=args.sharding, abstract=target is not None)
+    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # --lora_rank: adapters only
     graphdef, params = split_model(model)
-    markers = missing_markers(tokenizer, template)
+    markers = missing_markers(tokenizer, template) if template else []
     if markers and not target:
         tokenizer, config, params = add_special_tokens(tokenizer, config, params, markers)
         graphdef = split_model(merge_model(graphdef, params))[0]
         say(f"added the chat template's {', '.join(markers)} to the vocabulary ({config.vocab_size} rows), each row "
             f"the mean of its pieces' rows")
-    tokenizer.chat_template = template  # the export answers as it was trained
-    stop = end_of_turn(tokenizer, template)
+    if template:
+        tokenizer.chat_template = template  # the export answers as it was trained
+    stop = end_of_turn(tokenizer, template) if template else None
     if stop and stop != tokenizer.eos_token:  # generation (transformers' too) stops where a turn ends
         say(f"the end of an assistant turn, {stop}, is the exported model's eos token (was {tokenizer.eos_token})")
         tokenizer.eos_token = stop
@@ -93,7 +96,7 @@ def main(argv=None):
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
-           how="supervised fine-tuned on conversations (run_sft.py)")
+           how="supervised fine-tuned on conversations (run_sft.py)", lora=lora, merge_lora=lora_args.merge_lora)
 
 
 if __name__ == "__main__":

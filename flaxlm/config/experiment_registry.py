@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 
 from flaxlm.config.experiments import DRIVER_READ, config_class
-from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, DPOArgs, MaskedLMArgs, ModelArgs,
+from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, DPOArgs, LoraArgs, MaskedLMArgs, ModelArgs,
                                    PreparedDataArgs, QuestionAnsweringArgs, SentencePredictionArgs, SFTArgs,
                                    SpanCorruptionArgs, TextSourceArgs, TrainingArgs)
 from flaxlm.errors import UserError
@@ -45,12 +45,12 @@ _CLASSES = {}
 
 
 MLM = (ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, PreparedDataArgs, TrainingArgs)
-CLM = (ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, TrainingArgs)
+CLM = (ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, LoraArgs, TrainingArgs)
 SPAN = (ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, PreparedDataArgs, TrainingArgs)
 SENTENCE = (ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, TrainingArgs)
 SQUAD = (ModelArgs, TextSourceArgs, DataArgs, QuestionAnsweringArgs, TrainingArgs)
-SFT = (ModelArgs, TextSourceArgs, DataArgs, SFTArgs, TrainingArgs)
-DPO = (ModelArgs, TextSourceArgs, DataArgs, DPOArgs, TrainingArgs)
+SFT = (ModelArgs, TextSourceArgs, DataArgs, SFTArgs, LoraArgs, TrainingArgs)
+DPO = (ModelArgs, TextSourceArgs, DataArgs, DPOArgs, LoraArgs, TrainingArgs)
 
 
 def _optimizer(**values):

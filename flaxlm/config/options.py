@@ -84,10 +84,11 @@ class ModelArgs(ModelLoadingArgs):
                                     "less memory for more compute. full keeps nothing (about one more forward pass), "
                                     "dots_saveable keeps the matmul outputs, dots_with_no_batch_dims_saveable those of "
                                     "the weight matmuls only, none keeps everything")
-    param_dtype: str = option("float32", choices=PARAM_DTYPES, key="task.model.param_dtype",
-                              help="dtype of the parameters and optimizer state: float32 master weights (a bfloat16 "
-                                   "checkpoint is read as bfloat16 and converted on the devices), or bfloat16 (half "
-                                   "the memory; updates lose precision; the export is bfloat16)")
+    param_dtype: str | None = option(choices=PARAM_DTYPES, key="task.model.param_dtype",
+                                     help="dtype of the parameters and optimizer state: float32 master weights (the "
+                                          "default; a bfloat16 checkpoint is read as bfloat16 and converted on the "
+                                          "devices), or bfloat16 (half the memory; updates lose precision; the export "
+                                          "is bfloat16); a LoRA run's frozen base: bfloat16 unless this says")
     attention_implementation: str = option("auto", choices=ATTENTION_IMPLEMENTATIONS,
                                            key="task.model.attention_implementation",
                                            help="cudnn = fused flash attention on NVIDIA GPUs, bf16/fp16 only (used "
@@ -601,6 +602,27 @@ class DPOArgs:
     reference_model: str | None = option(key="task.dpo.reference_model",
                                          help="the reference's directory (default: the starting model); its "
                                               "log-probabilities are computed once, before the first step")
+
+
+@dataclass
+class LoraArgs:
+    """LoRA adapters on a decoder (run_sft.py, run_clm_flax.py, run_dpo.py), PEFT's names (flaxlm.models.lora)."""
+    lora_rank: int | None = option(minimum=1, key="task.lora.rank",
+                                   help="train LoRA adapters of this rank on the frozen base (held in bfloat16 unless "
+                                        "--param_dtype says); the export is a PEFT adapter")
+    lora_alpha: float = option(8.0, minimum=0, key="task.lora.alpha",
+                               help="the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)")
+    lora_dropout: float = option(0.0, minimum=0, key="task.lora.dropout", help="dropout of the adapters' input")
+    lora_target_modules: list[str] | None = option(key="task.lora.target_modules",
+                                                   help="the layers that get adapters: module names (q_proj v_proj, "
+                                                        "c_attn, ...) or one regular expression of whole module names "
+                                                        "(default: every linear layer of attention and MLP)")
+    merge_lora: bool = option(False, key="task.lora.merge_lora",
+                              help="export the base with the adapters multiplied in (a full model in the family's "
+                                   "format) instead of the PEFT adapter")
+    lora_adapter: str | None = option(key="task.lora.adapter",
+                                      help="continue training the adapter in this directory (a LoRA run's export) on "
+                                           "--model_name_or_path")
 
 
 EXPERIMENT_MODES = ("train", "eval", "train_and_eval", "continuous_eval")

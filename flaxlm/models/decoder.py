@@ -9,7 +9,9 @@ itself and the LM head. Every causal-LM model has the same interface:
 from flax import nnx
 
 from flaxlm.models import kv_cache
-from flaxlm.models.layers import LMHead, fold_key
+from flaxlm.models.layers import LMHead, fold_key, lora_dropout_key
+
+LORA_KEYS = 7919  # the adapters' dropout keys: the dropout key folded with this, then the layer's index
 
 
 class CausalLM(nnx.Module):
@@ -40,11 +42,10 @@ class CausalLM(nnx.Module):
         if positions_BL is None:
             positions_BL = kv_cache.default_positions(input_ids_BL, cache)
         x_BLD = self.embed_input(input_ids_BL, positions_BL, dropout_key)
-        x_BLD, cache = kv_cache.run_layers(
-            self.layers, x_BLD, attention_mask_BL, cache,
-            lambda i, layer, x, *cached: self.call_layer(i, layer, x, attention_mask_BL, positions_BL, dropout_key,
-                                                         *cached),
-            self.execution)
+        def layer_call(i, layer, x, *cached):
+            with lora_dropout_key(fold_key(dropout_key, LORA_KEYS, i)):  # the layer's adapters' (flaxlm.models.lora)
+                return self.call_layer(i, layer, x, attention_mask_BL, positions_BL, dropout_key, *cached)
+        x_BLD, cache = kv_cache.run_layers(self.layers, x_BLD, attention_mask_BL, cache, layer_call, self.execution)
         h_BLD = self.head_input(x_BLD)
         out = h_BLD if hidden else self.head().logits(h_BLD)
         return out if cache is None else (out, cache)

@@ -2,6 +2,8 @@
 
 Shape suffixes: B batch, L/T query length, S key length, D model width, N heads, H head width, F MLP width.
 """
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Any, NamedTuple, Optional
@@ -125,9 +127,44 @@ def normal_init(std, cutoff=None):
 def dense(d_in, d_out, dtype, std, rngs, use_bias=True, cutoff=None):
     """A Linear with float32 parameters, normal(std) kernel [in, out] (truncated at +-cutoff * std if given), zero
     bias, computing in dtype (its matmul: models.matmul.dot_general, whose weight gradient is the fast form on CPU)."""
-    return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
-                      kernel_init=normal_init(std, cutoff), bias_init=nnx.initializers.zeros, rngs=rngs,
-                      dot_general=matmul.dot_general)
+    return Dense(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
+                 kernel_init=normal_init(std, cutoff), bias_init=nnx.initializers.zeros, rngs=rngs,
+                 dot_general=matmul.dot_general)
+
+
+class Dense(nnx.Linear):
+    """nnx.Linear that may carry a LoRA adapter (flaxlm.models.lora): lora_a [in, r], lora_b [r, out] and
+    lora_scale (alpha / r); its output is then x W + b + lora_scale * dropout(x) lora_a lora_b, as PEFT computes it."""
+    lora_a = None
+    lora_b = None
+    lora_scale = 0.0
+    lora_dropout = 0.0
+    lora_site = 0  # which adapter of its layer it is: its dropout mask's own key
+
+    def __call__(self, inputs):
+        y = super().__call__(inputs)
+        return y if self.lora_a is None else y + lora_output(self, inputs)
+
+
+_LORA_DROPOUT_KEY = contextvars.ContextVar("lora_dropout_key", default=None)
+
+
+@contextlib.contextmanager
+def lora_dropout_key(key):
+    """The dropout key of the LoRA adapters called inside (a layer's: run_layers sets it from the layer's key)."""
+    token = _LORA_DROPOUT_KEY.set(key)
+    try:
+        yield
+    finally:
+        _LORA_DROPOUT_KEY.reset(token)
+
+
+def lora_output(lin, x):
+    """A Dense's adapter term, in its compute dtype: lora_scale * dropout(x) @ lora_a @ lora_b."""
+    key = _LORA_DROPOUT_KEY.get()
+    x = dropout(x, lin.lora_dropout, fold_key(key, 1000 + lin.lora_site))
+    h = x.astype(lin.dtype) @ lin.lora_a[...].astype(lin.dtype)
+    return (h @ lin.lora_b[...].astype(lin.dtype)) * jnp.asarray(lin.lora_scale, lin.dtype)
 
 
 def lm_logits(h_MD, weight, tied, dtype):

@@ -19,7 +19,8 @@ from flaxlm.models import kv_cache
 from flaxlm.models.decoder import CausalLM
 from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution
-from flaxlm.models.layers import RMSNorm, activation, attention, compute_dtype, dense, embed, fold_key, split_last
+from flaxlm.models.layers import (RMSNorm, activation, attention, compute_dtype, dense, embed, fold_key,
+                                  lora_output, split_last)
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -93,7 +94,8 @@ def fused_dense(x_MD, *linears):
     y_MX = x_MD.astype(dtype) @ w_DX
     if linears[0].bias is not None:
         y_MX = y_MX + jnp.concatenate([lin.bias[...].astype(dtype) for lin in linears])
-    return split_last(y_MX, [lin.out_features for lin in linears])
+    ys = split_last(y_MX, [lin.out_features for lin in linears])
+    return [y if getattr(lin, "lora_a", None) is None else y + lora_output(lin, x_MD) for y, lin in zip(ys, linears)]
 
 
 class Attention(nnx.Module):

@@ -174,7 +174,8 @@ def describe_run(args, model_args, params, objective, layout):
     --param_dtype float32, --sharding data, --remat_policy none'."""
     from flaxlm.models import count_params
     return (f"{count_params(params) / 1e6:.1f}M parameters; {layout}, {objective.tokens_per_example} tokens a row; "
-            f"--dtype {model_args.dtype}, --param_dtype {model_args.param_dtype}, --sharding {args.sharding}, "
+            f"--dtype {model_args.dtype}, --param_dtype {model_args.param_dtype or 'float32'}, "
+            f"--sharding {args.sharding}, "
             f"--remat_policy {model_args.remat_policy}{', --scan_layers' if model_args.scan_layers else ''}")
 
 

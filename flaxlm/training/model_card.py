@@ -185,7 +185,7 @@ def hardware_line(rows):
 
 
 def write_model_card(output_dir, *, config, tokenizer, auto_class, script, options, n_params, base_model=None,
-                     how="pretrained from scratch", repo=None):
+                     how="pretrained from scratch", repo=None, library_name="transformers"):
     """README.md in output_dir (see the module's docstring); returns its path, or None when a README.md the user
     wrote is there (kept, with one line saying so)."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -197,7 +197,7 @@ def write_model_card(output_dir, *, config, tokenizer, auto_class, script, optio
     rows = read_rows(metrics) if os.path.exists(metrics) else []
     family = config.model_type
     tags = ["flaxlm", "jax", family]
-    data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag(auto_class),
+    data = ModelCardData(library_name=library_name, pipeline_tag=pipeline_tag(auto_class),
                          language=options.get("language"), license=options.get("license"),
                          datasets=hub_datasets(options) or None, base_model=base_model, tags=tags)
     final_step, evaluation = evaluation_rows(rows)

@@ -83,7 +83,7 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
     check_model_type(model_args, config)
     execution = model_execution(model_args)
     say_attention(config, execution.attention)
-    param_dtype = getattr(model_args, "param_dtype", "float32")
+    param_dtype = getattr(model_args, "param_dtype", None) or "float32"
     if not model_args.model_name_or_path or abstract:  # new, from --config_name or --model_type (or shapes only)
         if task is not None:
             config = task_config(config, task, **labels)
@@ -105,6 +105,31 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
                         f"--config_name {path} to train from scratch")
     return load_for_task(path, task, dtype=model_args.dtype, seed=seed, execution=execution, param_dtype=param_dtype,
                          **labels)
+
+
+def attach_lora(lora_args, model_args, args, config, model, seed):
+    """(model, lora): with --lora_rank or --lora_adapter, the model with LoRA adapters on its frozen base
+    (flaxlm.models.lora; the base in bfloat16 unless --param_dtype says) and lora = (LoraConfig, modules), the run
+    training only them (--train_only: no gradient, update nor optimizer state for the base); else (model, None)."""
+    if not (lora_args.lora_rank or lora_args.lora_adapter):
+        return model, None
+    from flaxlm.models import lora as loralib
+    if args.train_only:
+        raise UserError("--train_only chooses what trains, and with LoRA the adapters do; drop one of them")
+    if not model_args.param_dtype:
+        model = with_param_dtype(model, "bfloat16")
+    if lora_args.lora_adapter:
+        lora, modules = loralib.load_adapter(model, config, lora_args.lora_adapter)
+    else:
+        targets = lora_args.lora_target_modules
+        if targets and len(targets) == 1 and not targets[0].isidentifier():
+            targets = targets[0]  # a regular expression of whole module names
+        lora = loralib.LoraConfig(rank=lora_args.lora_rank, alpha=lora_args.lora_alpha,
+                                  dropout=lora_args.lora_dropout, targets=tuple(targets) if isinstance(
+                                      targets, list) else targets)
+        modules = loralib.add_lora(model, config, lora, seed)
+    args.train_only = [loralib.TRAINABLE]
+    return model, (lora, modules)
 
 
 def with_param_dtype(model, param_dtype):
@@ -272,21 +297,34 @@ def run_optimizer(args, params, total_steps, vocab_size=None):
     return make_optimizer(args, total_steps, decay_mask(params), trainable)
 
 
-def export(args, model_args, config, params, tokenizer, load_with, how=None):
+def export(args, model_args, config, params, tokenizer, load_with, how=None, lora=None, merge_lora=False):
     """Write the model (config.json + model.safetensors), tokenizer and model card (README.md) in Hugging Face
     format to --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job).
-    how: what the card says was done (default: from load_with and --model_name_or_path)."""
+    how: what the card says was done (default: from load_with and --model_name_or_path). lora (attach_lora's): the
+    PEFT adapter instead of the model, or with merge_lora the model with the adapters multiplied in."""
     from flaxlm.training import mesh as meshlib
     from flaxlm.models import save_pretrained
+    from flaxlm.models import lora as loralib
     from flaxlm.training.output_dir import push_to_hub
     if not meshlib.is_main_process() or args.eval_checkpoints:
         return
     out = args.output_dir
-    save_pretrained(out, config, params)
-    tokenizer.save_pretrained(out)
-    print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
+    if lora and not merge_lora:
+        loralib.save_adapter(out, config, params, *lora, base=model_args.model_name_or_path)
+        tokenizer.save_pretrained(out)
+        print(f"exported the LoRA adapter (rank {lora[0].rank}, {len(lora[1])} layers) and tokenizer to {out} (load "
+              f"with peft.PeftModel.from_pretrained on {model_args.model_name_or_path})", flush=True)
+    else:
+        save_pretrained(out, config, loralib.merged(params, lora[1], lora[0]) if lora else params)
+        tokenizer.save_pretrained(out)
+        print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
     repo_id = (args.hub_model_id or os.path.basename(os.path.abspath(out))) if args.push_to_hub else None
-    write_card(args, model_args, config, params, tokenizer, load_with, repo_id or out, how)
+    if lora and not merge_lora:
+        names = ", ".join(sorted({m.hf.rsplit(".", 1)[-1] for m in lora[1]}))
+        how = (f"{how or 'fine-tuned'}: a LoRA adapter (rank {lora[0].rank}, alpha {lora[0].alpha:g}, on {names} of "
+               f"{len(lora[1])} layers)")
+    write_card(args, model_args, config, params, tokenizer, load_with, repo_id or out, how,
+               library_name="peft" if lora and not merge_lora else "transformers")
     if args.push_to_hub:
         push_to_hub(out, repo_id, args.hub_token or model_args.token)
 
@@ -294,7 +332,7 @@ def export(args, model_args, config, params, tokenizer, load_with, how=None):
 PRETRAINING = ("CausalLM", "MaskedLM", "ForPreTraining", "ConditionalGeneration")  # the pretraining scripts' load_with
 
 
-def write_card(args, model_args, config, params, tokenizer, load_with, repo, how=None):
+def write_card(args, model_args, config, params, tokenizer, load_with, repo, how=None, library_name="transformers"):
     """The export's model card (flaxlm.training.model_card): pretrained from scratch, continued from
     --model_name_or_path, or fine-tuned from it (or `how`); repo: where it loads from (the hub id pushed to, or the
     folder)."""
@@ -306,4 +344,5 @@ def write_card(args, model_args, config, params, tokenizer, load_with, repo, how
         how = ("pretrained from scratch" if not base else "continued pretraining" if load_with.endswith(PRETRAINING)
                else "fine-tuned")
     write_model_card(args.output_dir, config=config, tokenizer=tokenizer, auto_class=load_with, script=parsed_prog(),
-                     options=parsed_options(), n_params=count_params(params), base_model=base, how=how, repo=repo)
+                     options=parsed_options(), n_params=count_params(params), base_model=base, how=how, repo=repo,
+                     library_name=library_name)
