@@ -58,7 +58,7 @@ def main(argv=None):
     # The model (a causal LM), its tokenizer, the context and the windows' stride: all checked before any work.
     path = resolve_dir(args.model_name_or_path)
     lm = CausalLM(path, args.tokenizer_name or path, args.model_name_or_path, args.max_length,
-                  hint=", or judge an encoder or T5 with evaluate_suite.py")
+                  hint=", or judge an encoder or T5 with evaluate_suite.py", adapter=args.adapter)
     max_length = lm.max_length
     stride = args.stride or max(max_length // 2, 1)
     if stride > max_length:

@@ -70,6 +70,9 @@ def main(argv=None):
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     config, model = load_causal_lm(args.model_name_or_path, args.dtype)
+    if args.adapter:  # a LoRA run's export on its base
+        from flaxlm.models.lora import load_adapter
+        load_adapter(model, config, args.adapter)
     tokenizer = load_tokenizer(args.tokenizer_name or args.model_name_or_path, local_only=True)
     check_fits(tokenizer, config)
     if args.chat and not tokenizer.chat_template:

@@ -75,7 +75,7 @@ def main(argv=None):
 
     # The model's kind and tokenizer, the output folder, the examples and the task: all checked before the weights load.
     path = resolve_dir(args.model_name_or_path)
-    lm = CausalLM(path, args.tokenizer_name or path, args.model_name_or_path, args.max_length)
+    lm = CausalLM(path, args.tokenizer_name or path, args.model_name_or_path, args.max_length, adapter=args.adapter)
     check_writable_dir(args.output_dir)
     out_file = os.path.join(args.output_dir, PREDICTIONS)
     if os.path.exists(out_file) and not args.overwrite_output_dir:

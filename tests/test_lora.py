@@ -163,3 +163,37 @@ def test_only_the_adapters_train_and_hold_optimizer_state(exported):
             assert not np.array_equal(np.asarray(x), np.asarray(before))
         else:
             assert np.array_equal(np.asarray(x), np.asarray(before)), path
+
+
+def test_generate_and_evaluate_lm_take_a_base_and_an_adapter(exported, tmp_path, capsys):
+    """generate.py --adapter gives peft's greedy tokens; evaluate_lm.py --adapter scores the text as the adapter on
+    its base (its loss differs from the base alone)."""
+    import json
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import evaluate_lm
+    import generate
+    from flaxlm.models import split_model
+    from flaxlm.models.lora import save_adapter
+    base = exported("llama")
+    config, model, lora, modules = with_random_adapter(base)
+    save_adapter(tmp_path / "adapter", config, split_model(model)[1], lora, modules, base=str(base))
+    tok = AutoTokenizer.from_pretrained(base)
+    prompt = "The index is out of range"
+    ids = generate.encode(tok, prompt)
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        theirs = peft.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
+    generate.main(["--model_name_or_path", str(base), "--adapter", str(tmp_path / "adapter"), "--prompt", prompt,
+                   "--max_new_tokens", "6"])
+    assert repr(tok.decode(theirs, skip_special_tokens=True)) in capsys.readouterr().out
+    text = tmp_path / "text.txt"
+    text.write_text("def main(args):\n    return args.value + 1\n" * 3)
+    losses = []
+    for extra in ([], ["--adapter", str(tmp_path / "adapter")]):
+        out = tmp_path / f"eval{len(extra)}.json"
+        evaluate_lm.main(["--model_name_or_path", str(base), "--validation_file", str(text), "--output_file",
+                          str(out), *extra])
+        losses.append(json.loads(out.read_text())["loss"])
+    assert losses[0] != losses[1]

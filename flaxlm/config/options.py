@@ -419,12 +419,14 @@ class GenerateArgs(ModelLoadingArgs):
                                     "added), as apply_chat_template + generate in transformers; the answer stops at "
                                     "the end of the turn (run_sft.py's export)")
     system: str | None = option(help="with --chat: a system turn before each prompt")
+    adapter: str | None = option(help="a LoRA adapter (a LoRA run's export) put on the model")
 
 
 @dataclass
 class EvaluateLMArgs(ModelLoadingArgs):
     """evaluate_lm.py's options."""
     required_options: ClassVar[tuple] = ("model_name_or_path",)
+    adapter: str | None = option(help="a LoRA adapter (a LoRA run's export) put on the model")
     validation_file: list[str] | None = option(help="held-out text: txt (a document per line), json/jsonl, csv or "
                                                     "parquet (a document per record); repeatable")
     dataset_name: str | None = option(help="a `datasets` dataset to read instead (needs network unless cached)")
@@ -454,6 +456,7 @@ class EvaluateLMArgs(ModelLoadingArgs):
 class FewShotArgs(ModelLoadingArgs):
     """run_fewshot.py's options (its text: TextSourceArgs)."""
     required_options: ClassVar[tuple] = ("model_name_or_path", "output_dir", "prompt")
+    adapter: str | None = option(help="a LoRA adapter (a LoRA run's export) put on the model")
     output_dir: str | None = option(help="directory for predictions_validation.jsonl and results.json")
     overwrite_output_dir: bool = option(False, help="replace the predictions of an earlier run in output_dir")
     task_type: str = option("choice", choices=("choice", "generate"),

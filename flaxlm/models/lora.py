@@ -2,7 +2,7 @@
 
     lora = LoraConfig(rank=16, alpha=32, dropout=0.05, targets=None)     # None: every projection of attention and MLP
     modules = add_lora(model, config, lora, seed=0)                      # adapters added to the model, in place
-    save_adapter(out, config, params, lora, modules, base="runs/sft")    # adapter_config.json + adapter_model.safetensors
+    save_adapter(out, config, params, lora, modules, base="runs/sft")    # adapter_config.json, adapter_model.safetensors
     params = merged(params, modules, lora)                               # W + alpha / r * A B, adapters dropped
 
 Each targeted layer (a flaxlm.models.layers.Dense) gets lora_a [in, r] (uniform +-1/sqrt(in), PEFT's kaiming
@@ -172,6 +172,17 @@ def load_adapter(model, config, path):
         a, b = (tensors.get(f"base_model.model.{m.hf}.lora_{x}.weight") for x in "AB")
         if a is None or b is None:
             raise UserError(f"the adapter in {path} has no weights for {m.hf}; it was trained on another model")
-        dense[m.path].lora_a[...] = jnp.asarray(a.T, jnp.float32)
-        dense[m.path].lora_b[...] = jnp.asarray(b.T, jnp.float32)
+        lin = dense[m.path]
+        place = _replicated_like(lin.kernel[...])
+        lin.lora_a[...] = jax.device_put(jnp.asarray(a.T, jnp.float32), place)
+        lin.lora_b[...] = jax.device_put(jnp.asarray(b.T, jnp.float32), place)
     return lora, modules
+
+
+def _replicated_like(kernel):
+    """Where an adapter of this kernel goes: whole on every device of the kernel's mesh (an adapter is small), or
+    where JAX puts it."""
+    sharding = getattr(kernel, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return None

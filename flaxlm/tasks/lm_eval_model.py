@@ -14,9 +14,9 @@ per group of requests with the same arguments (flaxlm.models.generation).
 
 model_args: pretrained (the model directory), tokenizer (default: pretrained), dtype (float32, bfloat16), max_length
 (default: the model's positions, at most 2048), max_gen_toks (default 256), sharding (data or fsdp), add_bos_token
-(as lm-eval's hf backend). lm-eval's --batch_size is the rows per device of each forward pass (a number);
---apply_chat_template and --fewshot_as_multiturn render the requests with the tokenizer's chat template (run_sft.py's
-export) as the hf backend does.
+(as lm-eval's hf backend), adapter (a LoRA adapter's directory, put on the model). lm-eval's --batch_size is the rows
+per device of each forward pass (a number); --apply_chat_template and --fewshot_as_multiturn render the requests with
+the tokenizer's chat template (run_sft.py's export) as the hf backend does.
 """
 import json
 
@@ -40,7 +40,7 @@ def _flag(value):
 @register_model("flaxlm")
 class FlaxLM(TemplateLM):
     def __init__(self, pretrained, tokenizer=None, dtype="float32", batch_size=8, max_length=None, max_gen_toks=256,
-                 sharding="data", add_bos_token=None, **unused):
+                 sharding="data", add_bos_token=None, adapter=None, **unused):
         super().__init__()
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise UserError(f"batch_size {batch_size} is not a number of rows; pass --batch_size N (rows per device)")
@@ -48,7 +48,8 @@ class FlaxLM(TemplateLM):
         from flaxlm.tasks.lm_scoring import CausalLM
 
         path = resolve_dir(pretrained)
-        self.lm = CausalLM(path, tokenizer or path, pretrained, int(max_length) if max_length else None, "max_length")
+        self.lm = CausalLM(path, tokenizer or path, pretrained, int(max_length) if max_length else None, "max_length",
+                           adapter=adapter)
         self.tokenizer = self.lm.tokenizer
         self.max_gen_toks, self.add_bos_token = int(max_gen_toks), _flag(add_bos_token)
         self.lm.load(dtype, int(batch_size), sharding, desc="lm-eval")

@@ -57,12 +57,14 @@ def token_log_likelihoods(model, ids_BL, mask_BL, targets_BL, weights_BL):
 
 
 class CausalLM:
-    def __init__(self, path, tokenizer_path, source, max_length=None, max_length_flag="--max_length", hint=""):
+    def __init__(self, path, tokenizer_path, source, max_length=None, max_length_flag="--max_length", hint="",
+                 adapter=None):
         """path: a transformers-format directory (resolved); source: how the user named it, for errors. Checks that it
-        holds a causal LM (else one line ending in hint) and that the tokenizer fits it; nothing heavy is read."""
+        holds a causal LM (else one line ending in hint) and that the tokenizer fits it; nothing heavy is read.
+        adapter: a LoRA adapter's directory (a LoRA run's export), put on the model when it loads."""
         from flaxlm.models import check_causal_lm, load_config
         from flaxlm.tokenization.loading import check_fits, load_tokenizer
-        self.path = path
+        self.path, self.adapter = path, adapter
         self.config = load_config(path)
         check_causal_lm(self.config, source, hint=hint)
         self.tokenizer = tok = load_tokenizer(tokenizer_path, local_only=True)
@@ -78,6 +80,9 @@ class CausalLM:
         from flaxlm.training.sharding import state_shardings
         self.mesh = make_mesh()
         _, self.model = load_pretrained(self.path, dtype, shardings=lambda a: state_shardings(a, self.mesh, sharding))
+        if self.adapter:
+            from flaxlm.models.lora import load_adapter
+            load_adapter(self.model, self.config, self.adapter)
         self.batch = per_device_batch * self.mesh.size
         self.scorer = Scorer(self.model, self.mesh, per_device_batch, self.max_length, self.pad, desc=desc)
         return self
