@@ -566,17 +566,23 @@ class Seq2SeqArgs:
 
 
 @dataclass
-class SFTArgs:
-    """run_sft.py's options (TRL's SFTConfig names where it has them)."""
-    chat_template: str | None = option(aliases=("--chat_template_path",), key="task.sft.chat_template",
+class ChatArgs:
+    """What run_sft.py and run_dpo.py share: the chat template and the length of a training sequence (TRL's names)."""
+    chat_template: str | None = option(aliases=("--chat_template_path",), key="task.chat.chat_template",
                                        help="the chat template conversations are rendered with: the tokenizer's own "
                                             "(default), chatml, or a jinja template file; the export's tokenizer "
                                             "keeps it")
+    max_length: int | None = option(minimum=2, key="task.chat.max_length",
+                                    help="tokens of a training sequence (TRL's max_length; longer ones are cut from "
+                                         "their end; default: the tokenizer's model_max_length, at most 1024 and the "
+                                         "model's positions)")
+
+
+@dataclass
+class SFTArgs(ChatArgs):
+    """run_sft.py's options (TRL's SFTConfig names where it has them)."""
     train_on_prompt: bool = option(False, key="task.sft.train_on_prompt",
                                    help="train on every token, not only the assistant turns (a prompt's completion)")
-    max_length: int | None = option(minimum=2, key="task.sft.max_length",
-                                    help="tokens per row (TRL's max_length; default: the tokenizer's "
-                                         "model_max_length, at most 1024 and the model's positions)")
     packing: bool = option(True, key="task.sft.packing",
                            help="lay whole examples into rows best-fit (each attends only to itself, positions from "
                                 "0); false: one example per row")
@@ -585,21 +591,14 @@ class SFTArgs:
 
 
 @dataclass
-class DPOArgs:
+class DPOArgs(ChatArgs):
     """run_dpo.py's options (TRL's DPOConfig names)."""
-    chat_template: str | None = option(aliases=("--chat_template_path",), key="task.dpo.chat_template",
-                                       help="the chat template message pairs are rendered with: the tokenizer's own "
-                                            "(default), chatml, or a jinja template file")
     beta: float = option(0.1, minimum=0, key="task.dpo.beta",
                          help="how far the policy may move from the reference (DPO's beta)")
     loss_type: str = option("sigmoid", choices=("sigmoid", "ipo", "hinge"), key="task.dpo.loss_type",
                             help="sigmoid (DPO), ipo or hinge, as TRL defines them")
     label_smoothing: float = option(0.0, minimum=0, key="task.dpo.label_smoothing",
                                     help="with sigmoid: the share of pairs taken to be flipped (conservative DPO)")
-    max_length: int | None = option(minimum=2, key="task.dpo.max_length",
-                                    help="tokens of prompt + answer (TRL's max_length; each cut from its end; "
-                                         "default: the tokenizer's model_max_length, at most 1024 and the "
-                                         "model's positions)")
     max_prompt_length: int | None = option(minimum=1, key="task.dpo.max_prompt_length",
                                            help="tokens of the prompt kept, from its end (default: all)")
     reference_model: str | None = option(key="task.dpo.reference_model",

@@ -31,9 +31,15 @@ class Example:
 def load_conversations(source, validation_split_percentage, seed, max_train_samples=None, max_eval_samples=None):
     """{"train", "validation": [Example]}; without a validation set, validation_split_percentage % of train is held
     out (seeded)."""
+    return load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples,
+                        "supervised fine-tuning", "example", example)
+
+
+def load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples, what, noun, read):
+    """{split: [read(record, "NOUN i of WHERE")]} of a post-training task's files (`what`, for messages)."""
     splits, where = read_splits(source, validation_split_percentage, seed, False, max_train_samples,
-                                max_eval_samples, "supervised fine-tuning")
-    return {split: [example(record, f"example {i} of {where[split]}") for i, record in enumerate(ds)]
+                                max_eval_samples, what)
+    return {split: [read(record, f"{noun} {i} of {where[split]}") for i, record in enumerate(ds)]
             for split, ds in splits.items()}
 
 

@@ -18,8 +18,7 @@ import numpy as np
 
 from flaxlm.data.chat_rows import common_prefix
 from flaxlm.data.chat_template import render
-from flaxlm.data.conversations import conversation
-from flaxlm.data.sentence_data import read_splits
+from flaxlm.data.conversations import conversation, load_records
 from flaxlm.errors import UserError
 
 
@@ -33,10 +32,8 @@ class Pair:
 def load_pairs(source, validation_split_percentage, seed, max_train_samples=None, max_eval_samples=None):
     """{"train", "validation": [Pair]}; without a validation set, validation_split_percentage % of train is held
     out (seeded)."""
-    splits, where = read_splits(source, validation_split_percentage, seed, False, max_train_samples,
-                                max_eval_samples, "preference tuning")
-    return {split: [pair(record, f"pair {i} of {where[split]}") for i, record in enumerate(ds)]
-            for split, ds in splits.items()}
+    return load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples,
+                        "preference tuning", "pair", pair)
 
 
 def pair(record, where):
