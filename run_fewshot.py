@@ -8,14 +8,19 @@ split, then each question; no training.
         --num_fewshot 4
     python run_fewshot.py ... --task_type generate --train_file nn_nb_dev.jsonl --validation_split_percentage 10 \\
         --prompt 'Nynorsk: {nn}\\nBokmål:' --target ' {nb}' --stop '\\n' --num_fewshot 3
+    python run_fewshot.py --model_name_or_path runs/sft --output_dir runs/sft-norquad --task_type generate --chat \\
+        --train_file qa_train.jsonl --validation_file qa_test.jsonl --prompt '{question}' --target '{answer}' \\
+        --metric squad --answers_column answers
 
 Pipeline: options -> the model (a causal LM) and its tokenizer -> the examples (json/jsonl/csv/parquet files or a
 hub dataset; the questions: --validation_file, else a seeded held-out share of train) -> the prompt of each question
 (--num_fewshot solved examples drawn by --seed, joined by --separator) -> choice: each choice's log-likelihood after
 the prompt, the best one the answer (lm-eval's acc); generate: greedy generation until a --stop string -> the
 predictions file (OUTPUT_DIR/predictions_validation.jsonl) and the scores (results.json, printed): accuracy, macro F1
-and MCC (scikit-learn), or chrF and BLEU (sacrebleu). In --prompt, --separator, --target and --stop, \\n and \\t
-stand for a line break and a tab.
+and MCC (scikit-learn), or chrF and BLEU (sacrebleu), or with --metric squad exact match and F1 (run_qa.py's). With
+--chat (a run_sft.py export) each question is a user turn of the model's chat template, the solved examples earlier
+turns, and the answer ends with its turn. In --prompt, --separator, --target and --stop, \\n and \\t stand for a
+line break and a tab.
 """
 import json
 import os
@@ -62,8 +67,9 @@ def check_task(args, columns):
     target = PromptTemplate(unescape(args.target))
     target.check(columns, "--target")
     source = args.source_column or template_columns(template.prompt_text)[0]
-    if source not in columns:
-        raise UserError(f"--source_column {source} is not a column of the data (columns: {', '.join(columns)})")
+    for flag, column in (("--source_column", source), ("--answers_column", args.answers_column)):
+        if column is not None and column not in columns:
+            raise UserError(f"{flag} {column} is not a column of the data (columns: {', '.join(columns)})")
     return template, None, (target, source)
 
 
@@ -76,6 +82,11 @@ def main(argv=None):
     # The model's kind and tokenizer, the output folder, the examples and the task: all checked before the weights load.
     path = resolve_dir(args.model_name_or_path)
     lm = CausalLM(path, args.tokenizer_name or path, args.model_name_or_path, args.max_length, adapter=args.adapter)
+    if args.chat and args.task_type != "generate":
+        raise UserError("--chat is for --task_type generate (a choice is scored as text after the prompt)")
+    if args.chat and not lm.tokenizer.chat_template:
+        raise UserError(f"--chat needs a chat template, which the tokenizer of {args.model_name_or_path} has not; "
+                        f"pass a model run_sft.py exported, or drop --chat")
     check_writable_dir(args.output_dir)
     out_file = os.path.join(args.output_dir, PREDICTIONS)
     if os.path.exists(out_file) and not args.overwrite_output_dir:
@@ -91,7 +102,8 @@ def main(argv=None):
         rows, results = answer_choices(lm, template, shots, questions, args.label_column, choices)
     else:
         rows, results = answer_generations(lm, template, shots, questions, *target, [unescape(s) for s in args.stop],
-                                           args.max_new_tokens)
+                                           args.max_new_tokens, metric=args.metric, chat=args.chat,
+                                           answers_column=args.answers_column)
     os.makedirs(args.output_dir, exist_ok=True)
     with open(out_file, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)

@@ -3,6 +3,7 @@
 
     python bench/compile_recipes.py                                   # every recipe on its slices (see RECIPES)
     python bench/compile_recipes.py --recipes norwegian-gpt2 --slices v5e-8 v5e-4
+    python bench/compile_recipes.py --recipes sft-mistral-7b-lora --preset gemma-2-9b   # another model, same recipe
 
 Each recipe's own script runs with --config_file configs/RECIPE.yaml --compile_for SLICE (one process per run) on a
 stand-in for the model it names: the preset's config.json (the hub model's shape and vocabulary) beside a small
@@ -32,6 +33,11 @@ RECIPES = {
                             ["v4-32", "v5e-32", "v4-16", "v5e-16"]),
     "adapt-roberta-to-norwegian": ("run_mlm_flax.py", "roberta-base", "bpe", "--model_name_or_path",
                                    ["v5e-8", "v5e-4"]),
+    "sft-mistral-7b-lora": ("run_sft.py", "mistral-7b", "bpe", "--model_name_or_path",
+                            ["v5e-4", "v5e-8", "v5e-16", "v4-8", "v6e-8"]),
+    "sft-mistral-7b": ("run_sft.py", "mistral-7b", "bpe", "--model_name_or_path",
+                       ["v5e-4", "v5e-8", "v5e-16", "v4-8", "v6e-8"]),
+    "dpo-mistral-7b-lora": ("run_dpo.py", "mistral-7b", "bpe", "--model_name_or_path", ["v5e-4", "v5e-8"]),
 }
 
 
@@ -65,6 +71,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=list(RECIPES))
     p.add_argument("--slices", nargs="+", help="instead of each recipe's own")
+    p.add_argument("--preset", help="the model of this preset in each recipe's place (e.g. gemma-2-9b)")
     p.add_argument("--work_dir", help="where the stand-in model directories go (default: a temporary one)")
     a = p.parse_args()
     from flaxlm.data.demo_corpus import write_demo_corpus
@@ -74,7 +81,8 @@ def main():
           "compile s (train + eval) | verdict |\n|---|---|---|---|---|---|---|---|---|", flush=True)
     for name in a.recipes:
         script, preset, kind, flag, slices = RECIPES[name]
-        model = stand_in(preset, kind, corpus, work)
+        label = f"{name} ({a.preset})" if a.preset and a.preset != preset else name
+        model = stand_in(a.preset or preset, kind, corpus, work)
         for target in a.slices or slices:
             cmd = [sys.executable, script, "--config_file", f"configs/{name}.yaml", flag, model, "--tokenizer_name",
                    model, "--compile_for", target]
@@ -82,7 +90,7 @@ def main():
             r = figures(done.stdout + done.stderr)
             cells = [r.get(k, ("-", "-"))[0] for k in ("parameters", "optimizer state", "temporaries", "total")]
             compile_s = "+".join(r["compile_s"]) if r["compile_s"] else "-"
-            print(f"| {name} | {target} | {' | '.join(cells)} | {r.get('total', ('-', '-'))[1]} | {compile_s} | "
+            print(f"| {label} | {target} | {' | '.join(cells)} | {r.get('total', ('-', '-'))[1]} | {compile_s} | "
                   f"{r['verdict']} |", flush=True)
 
 

@@ -173,3 +173,22 @@ def test_compile_for_a_slice_writes_nothing(checkpoints, tmp_path, capsys):
     r = run_dpo.main(["--output_dir", str(out), "--model_name_or_path", checkpoints[0], "--max_length", "64",
                       "--compile_for", "v5e-4"])
     assert "fits v5e-4" in capsys.readouterr().out and r["params"] > 0 and not out.exists()
+
+
+def test_the_norquad_preference_set_reads_as_pairs_and_conversations(shared_data, tmp_path):
+    """bench/norquad_chat.py (the README's example data): NorQuAD's questions as TRL-format pairs and conversations
+    that run_dpo.py and run_sft.py read without a bad-pair line, each pair's answers different, held out by article."""
+    from bench.norquad_chat import main as build
+    from flaxlm.config.options import TextSourceArgs
+    from flaxlm.data.conversations import load_conversations
+    from flaxlm.data.preferences import load_pairs
+    build(["--output_dir", str(tmp_path), "--data_dir", str(shared_data)])
+    files = {kind: TextSourceArgs(train_file=[str(tmp_path / f"{kind}_train.jsonl")],
+                                  validation_file=[str(tmp_path / f"{kind}_test.jsonl")]) for kind in ("dpo", "sft")}
+    pairs, conversations = load_pairs(files["dpo"], 0, 0), load_conversations(files["sft"], 0, 0)
+    assert len(pairs["train"]) > 3000 and len(pairs["validation"]) > 300
+    assert len(conversations["validation"]) >= len(pairs["validation"])
+    for p in pairs["validation"]:
+        assert p.chosen != p.rejected
+    train_prompts = {json.dumps(p.prompt) for p in pairs["train"]}
+    assert not any(json.dumps(p.prompt) in train_prompts for p in pairs["validation"])

@@ -1,5 +1,6 @@
 """run_fewshot.py and the decoder tasks of evaluate_suite.py: prompts built as documented, scores equal to
-scikit-learn's and sacrebleu's on the predictions file, the suite's decoder rows, and one-line errors."""
+scikit-learn's, sacrebleu's and SQuAD's on the predictions file, chat prompts as the template renders them, the
+suite's decoder rows, and one-line errors."""
 import json
 import shutil
 
@@ -91,7 +92,44 @@ def test_generation_scores_are_sacrebleus_on_the_predictions(gpt2, data, tmp_pat
     assert results["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score)
 
 
-@pytest.mark.parametrize("case", ["missing_column", "duplicate_choices", "unknown_label", "encoder"])
+def test_chat_questions_are_the_template_s_turns_and_scored_as_squad(gpt2, data, tmp_path):
+    """--chat: each prompt is the tokenizer's chat template over the solved examples as user/assistant turns and the
+    question as the last user turn (transformers' apply_chat_template); --metric squad: exact match and F1 of the
+    predictions against every gold answer of --answers_column, run_qa.py's scores."""
+    from transformers import AutoTokenizer
+    from flaxlm.data.chat_template import CHATML
+    from flaxlm.tasks.squad_metric import exact_match, f1
+    model = tmp_path / "chat-model"
+    shutil.copytree(gpt2, model)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = CHATML
+    tok.save_pretrained(model)
+    qa = [{"question": f"what is {w}?", "answer": f"{w} one", "answers": [f"{w} one", w]}
+          for w in WORDS]
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qa))
+    results = run_fewshot.main(["--model_name_or_path", str(model), "--output_dir", str(tmp_path / "out"),
+                                "--task_type", "generate", "--chat", "--train_file", str(tmp_path / "qa.jsonl"),
+                                "--validation_split_percentage", "50", "--prompt", "{question}", "--target",
+                                "{answer}", "--metric", "squad", "--answers_column", "answers", "--num_fewshot", "1",
+                                "--max_new_tokens", "6"])
+    rows = [json.loads(line) for line in (tmp_path / "out" / "predictions_validation.jsonl").read_text().splitlines()]
+    assert len(rows) == results["questions"] == 4
+    by_question = {q["question"]: q for q in qa}
+    shot = next(q for q in qa if f"{q['question']}<|im_end|>\n<|im_start|>assistant\n{q['answer']}<|im_end|>"
+                in rows[0]["prompt"])
+    exact, f1s = [], []
+    for r in rows:
+        q = by_question[r["source"]]
+        assert r["prompt"] == tok.apply_chat_template(
+            [{"role": "user", "content": shot["question"]}, {"role": "assistant", "content": shot["answer"]},
+             {"role": "user", "content": q["question"]}], add_generation_prompt=True, tokenize=False)
+        exact.append(max(exact_match(r["prediction"], g) for g in q["answers"]))
+        f1s.append(max(f1(r["prediction"], g) for g in q["answers"]))
+    assert results["exact"] == pytest.approx(100 * np.mean(exact))
+    assert results["f1"] == pytest.approx(100 * np.mean(f1s))
+
+
+@pytest.mark.parametrize("case", ["missing_column", "duplicate_choices", "unknown_label", "encoder", "chat"])
 def test_bad_input_is_one_line(case, gpt2, data, model_dir_for, tmp_path, capsys):
     argv = choice_argv(gpt2, data, tmp_path)
     if case == "missing_column":
@@ -100,6 +138,8 @@ def test_bad_input_is_one_line(case, gpt2, data, model_dir_for, tmp_path, capsys
         argv[argv.index("--choices") + 1] = '{"Positive": " good", "Negative": " good"}'
     elif case == "unknown_label":
         argv[argv.index("--choices") + 1] = '{"Positive": " good", "Neutral": " bad"}'
+    elif case == "chat":
+        argv += ["--chat", "--task_type", "generate", "--target", "{label}"]
     else:
         argv[argv.index("--model_name_or_path") + 1] = model_dir_for("roberta-tiny")
     with pytest.raises(SystemExit) as e:
@@ -109,7 +149,8 @@ def test_bad_input_is_one_line(case, gpt2, data, model_dir_for, tmp_path, capsys
     assert {"missing_column": "names the column {sentence}, which the data does not have",
             "duplicate_choices": "have the same verbalization ' good'",
             "unknown_label": "label 'Negative' has no verbalization in --choices",
-            "encoder": "roberta model, which does not predict text left to right"}[case] in err
+            "encoder": "roberta model, which does not predict text left to right",
+            "chat": "--chat needs a chat template"}[case] in err
     assert not (tmp_path / "predictions_validation.jsonl").exists()
 
 

@@ -476,6 +476,14 @@ class FewShotArgs(ModelLoadingArgs):
                                             "first column the prompt names)")
     stop: list[str] = option(["\n"], help="generate: the answer ends before the first of these strings")
     max_new_tokens: int = option(64, minimum=1, help="generate: tokens generated at most per question")
+    metric: str = option("chrf", choices=("chrf", "squad"),
+                         help="generate: chrf: chrF and BLEU (sacrebleu) against the target; squad: exact match and "
+                              "F1 as run_qa.py scores them (SQuAD's), against the target or --answers_column")
+    answers_column: str | None = option(help="generate, --metric squad: a column holding each question's gold "
+                                              "answers (a list; the best-matching one counts, as in SQuAD)")
+    chat: bool = option(False, help="each question a user turn of the model's chat template (a run_sft.py export), "
+                                     "the solved examples earlier user and assistant turns (lm-eval's "
+                                     "--fewshot_as_multiturn); the answer generated to the end of its turn")
     validation_split_percentage: int = option(0, help="percent of train held out as the questions when there is no "
                                                       "--validation_file (the fine-tuning scripts' seeded split)")
     max_train_samples: int | None = option(minimum=1, help="draw the solved examples from the first this many only")

@@ -3,11 +3,13 @@
     lm = CausalLM(path, tokenizer_path, "--model_name_or_path DIR").load("float32", per_device_batch=8)
     rows, figures = answer_choices(lm, template, shots, questions, "label", {"Positive": " positiv", ...})
     rows, figures = answer_generations(lm, template, shots, questions, target, "nn", ["\\n"], 64)
+    rows, figures = answer_generations(lm, template, [], questions, target, "question", ["\\n"], 32,
+                                       metric="squad", chat=True, answers_column="answers")
 
 A choice is scored as lm-eval scores a continuation: the prompt's trailing spaces moved to the continuation, the
 prompt + continuation encoded whole after the prefix token (BOS, else EOS), the continuation's tokens those past the
 prompt's; a prompt too long for the context loses its beginning. The figures are scikit-learn's (accuracy, macro F1,
-MCC) and sacrebleu's (chrF, BLEU), in percent.
+MCC), sacrebleu's (chrF, BLEU) or SQuAD's (exact match, F1), in percent.
 """
 import numpy as np
 
@@ -59,20 +61,43 @@ def cut_at_stop(text, stop):
     return text.strip()
 
 
-def answer_generations(lm, template, shots, questions, target, source_column, stop, max_new_tokens):
-    """([{"prompt", "source", "reference", "prediction"}], {chrf, bleu}): greedy generation after each prompt."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    prompts = [template.prompt(shots, q, target.fill) for q in questions]
+def answer_generations(lm, template, shots, questions, target, source_column, stop, max_new_tokens, metric="chrf",
+                       chat=False, answers_column=None):
+    """([{"prompt", "source", "reference", "prediction"}], figures): greedy generation after each prompt; figures
+    {chrf, bleu} (sacrebleu), or with metric "squad" {exact, f1} (run_qa.py's SQuAD scores; the gold answers the
+    reference, or the list in answers_column). chat: the prompt is the model's chat template over the solved examples
+    as user and assistant turns and the question as the last user turn, with the generation prompt."""
     budget = lm.max_length - max_new_tokens
     if budget < 1:
         from flaxlm.errors import UserError
         raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt within the context of "
                         f"{lm.max_length} tokens; lower it")
-    ids = [([lm.prefix] + lm.encode(p))[-budget:] for p in prompts]
+    if chat:
+        prompts = [chat_prompt(lm.tokenizer, template, shots, q, target) for q in questions]
+        ids = [lm.tokenizer(p, add_special_tokens=False)["input_ids"][-budget:] for p in prompts]
+    else:
+        prompts = [template.prompt(shots, q, target.fill) for q in questions]
+        ids = [([lm.prefix] + lm.encode(p))[-budget:] for p in prompts]
     texts = [cut_at_stop(lm.tokenizer.decode(tokens, skip_special_tokens=True), stop)
              for tokens in lm.generate(ids, max_new_tokens)]
     refs = [target.fill(q).strip() for q in questions]
     rows = [{"prompt": p, "source": str(q[source_column]), "reference": r, "prediction": t}
             for p, q, r, t in zip(prompts, questions, refs, texts)]
+    if metric == "squad":
+        from flaxlm.tasks.squad_metric import squad_scores
+        golds = [list(q[answers_column]) if answers_column else [r] for q, r in zip(questions, refs)]
+        return rows, squad_scores(dict(enumerate(texts)), dict(enumerate(golds)))
+    from sacrebleu.metrics import BLEU, CHRF
     return rows, {"chrf": CHRF().corpus_score(texts, [refs]).score, "bleu": BLEU().corpus_score(texts, [refs]).score}
+
+
+def chat_prompt(tokenizer, template, shots, question, target):
+    """The question rendered by the tokenizer's chat template: each solved example a user turn (its filled prompt)
+    and an assistant turn (its answer), the question the last user turn, then the generation prompt."""
+    from flaxlm.data.chat_template import render
+    turns = []
+    for shot in shots:
+        turns += [{"role": "user", "content": template.fill(shot)},
+                  {"role": "assistant", "content": target.fill(shot).strip()}]
+    turns.append({"role": "user", "content": template.fill(question)})
+    return render(tokenizer, tokenizer.chat_template, turns, add_generation_prompt=True)

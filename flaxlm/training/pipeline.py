@@ -116,8 +116,8 @@ def attach_lora(lora_args, model_args, args, config, model, seed):
     from flaxlm.models import lora as loralib
     if args.train_only:
         raise UserError("--train_only chooses what trains, and with LoRA the adapters do; drop one of them")
-    if not model_args.param_dtype:
-        model = with_param_dtype(model, "bfloat16")
+    if not model_args.param_dtype:  # said so in the card and in --compile_for's table
+        model, model_args.param_dtype = with_param_dtype(model, "bfloat16"), "bfloat16"
     if lora_args.lora_adapter:
         lora, modules = loralib.load_adapter(model, config, lora_args.lora_adapter)
     else:
