@@ -35,11 +35,11 @@ AUTO_CLASSES = {"run_clm_flax.py": "AutoModelForCausalLM", "run_mlm_flax.py": "A
 
 
 def write_card(args):
-    """The adapted model's card (flaxlm.training.model_card), its source as base_model."""
+    """The adapted model's card (flaxlm.reporting.model_card), its source as base_model."""
     from flaxlm.config.cli import parsed_options
     from flaxlm.models import count_config_params, family_of, load_config
     from flaxlm.tokenization.loading import load_tokenizer
-    from flaxlm.training.model_card import write_model_card
+    from flaxlm.reporting.model_card import write_model_card
     config = load_config(args.output_dir)
     family = family_of(config)
     how = (f"with its vocabulary extended by {args.extend_vocabulary} tokens" if args.extend_vocabulary

@@ -43,5 +43,5 @@ else
     $PY fill_spans.py $run "The break statement is used to leave a <extra_id_0> early." \
         "Return the <extra_id_0> value of a number."
 fi
-$PY -m flaxlm.training.eval_summary $run/metrics.jsonl
+$PY -m flaxlm.reporting.eval_summary $run/metrics.jsonl
 echo "demo finished in $(( $(date +%s) - start )) s; eval losses in $run/metrics.jsonl, loss curves in $run/loss.png"

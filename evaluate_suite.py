@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main(argv=None):
     (args,) = parse_args(SuiteArgs, argv=argv, prog="evaluate_suite.py", description=__doc__)
-    from flaxlm.training.trackers import resolve_report_to
+    from flaxlm.reporting.trackers import resolve_report_to
     args.report_to = resolve_report_to(args.report_to)  # a tracker not installed: one line, before any work
     from flaxlm.tasks.suite.runner import evaluate_task, model_kind, prepare_output_dir
     from flaxlm.tasks.suite.suite_file import KINDS, read_suite, script_options
@@ -72,9 +72,9 @@ def report(args, rows, table):
     TASK_baseline, TASK_seconds) sent to --report_to's trackers, and the table into the model's card (a card
     flaxlm wrote beside the model)."""
     from flaxlm.config.cli import parsed_options
-    from flaxlm.training.model_card import add_suite_table
-    from flaxlm.training.run_log import RunLog
-    from flaxlm.training.trackers import open_trackers
+    from flaxlm.reporting.model_card import add_suite_table
+    from flaxlm.reporting.run_log import RunLog
+    from flaxlm.reporting.trackers import open_trackers
     figures = {f"{row['task']}_{key}": row[key] for row in rows for key in ("score", "low", "high", "baseline",
                                                                               "seconds") if row.get(key) is not None}
     log = RunLog(args.output_dir, trackers=open_trackers(args.report_to, args.output_dir, args.run_name,

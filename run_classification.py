@@ -27,7 +27,7 @@ def main(argv=None):
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
-    from flaxlm.training.compile_for import check_fit
+    from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
@@ -37,7 +37,8 @@ def main(argv=None):
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.training.evaluation import collect_predictions
 
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
     task = resolve_task(task_args, source.text_column)
 
     # Examples and their labels (class names sorted; a checkpoint's own order kept when it names the same).

@@ -34,12 +34,13 @@ def main(argv=None):
     from flaxlm.models import split_model
     from flaxlm.objectives.clm import resolve_block_size
     from flaxlm.objectives.dpo import dpo_objective
-    from flaxlm.training.compile_for import check_fit
+    from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Pairs, tokenizer (a chat template for message pairs) and the decoder.
     pairs = None if target else load_pairs(source, data_args.validation_split_percentage, args.seed,
@@ -101,7 +102,7 @@ def reference(args, model_args, dpo_args, graphdef, params, rows, eval_batch, me
     import numpy as np
 
     from flaxlm.objectives.dpo import reference_logps
-    from flaxlm.training.run_log import say
+    from flaxlm.reporting.run_log import say
     path = os.path.join(args.output_dir, REFERENCE_FILE)
     digest = hashlib.sha256(repr(dpo_args.reference_model or model_args.model_name_or_path).encode())
     for split in sorted(rows):

@@ -42,12 +42,13 @@ def main(argv=None):
     from flaxlm.models.family import REPLACED_TOKEN_DETECTION as DISCRIMINATOR
     from flaxlm.objectives.electra import check_pair, electra_objective, join_params, model_params
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.compile_for import check_fit, token_rows
+    from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Tokenizer and the two models: the discriminator (--config_name / --model_name_or_path) and the generator.
     gen_args = dataclasses.replace(model_args, model_type=None, config_name=electra_args.generator_config_name,

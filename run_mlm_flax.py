@@ -32,14 +32,15 @@ def main(argv=None):
     from flaxlm.data.whole_word_masking import WholeWordMasker
     from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.compile_for import check_fit, token_rows
+    from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.tokenization.word_boundaries import word_boundaries
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Tokenizer and model.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,

@@ -32,7 +32,7 @@ def main(argv=None):
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.models import split_model
-    from flaxlm.training.compile_for import check_fit
+    from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
@@ -42,7 +42,8 @@ def main(argv=None):
     from flaxlm.training.evaluation import collect_predictions
 
     check_sources(source, args)
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Tokenizer and model: the pretrained encoder with a start/end layer (new unless the checkpoint has one).
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,

@@ -31,7 +31,7 @@ def main(argv=None):
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.models import load_config, split_model
     from flaxlm.models.t5_generation import GenerationOptions
-    from flaxlm.training.compile_for import check_fit
+    from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.data.seq2seq_data import load_pairs, token_rows
@@ -44,7 +44,8 @@ def main(argv=None):
     if args.do_predict:
         raise UserError("run_seq2seq.py evaluates and predicts the validation split only; drop --do_predict and "
                         "pass the examples to predict as --validation_file")
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Source/target pairs, each split's in file order.
     pairs = load_pairs(source, task_args.source_column or source.text_column or "source", task_args.target_column,

@@ -33,14 +33,15 @@ def main(argv=None):
     from flaxlm.models import merge_model, split_model
     from flaxlm.objectives.clm import resolve_block_size
     from flaxlm.objectives.sft import sft_objective
-    from flaxlm.training.compile_for import check_fit
+    from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
-    from flaxlm.training.run_log import say
+    from flaxlm.reporting.run_log import say
     from flaxlm.data.chat_template import end_of_turn, missing_markers, resolve_template
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Examples, tokenizer and chat template, the decoder (with the template's markers added if it lacks them).
     examples = None if target else load_conversations(

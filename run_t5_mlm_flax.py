@@ -30,14 +30,15 @@ def main(argv=None):
     from flaxlm.data import text_mixture
     from flaxlm.models import family_of, split_model
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.compile_for import check_fit, token_rows
+    from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
     from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
     from flaxlm.data.span_corruption import SpanCorruptor
     from flaxlm.objectives.span_lm import check_decoder_start, resolve_input_length, span_objective
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Tokenizer, model and the corruption's lengths: raw chunk -> input of max_seq_length + target.
     tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,

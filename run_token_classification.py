@@ -38,12 +38,13 @@ def main(argv=None):
     from flaxlm.tasks.tagging_report import judge_split
     from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.tokenization.split_words import prefix_every_word
-    from flaxlm.training.compile_for import check_fit
+    from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
 
-    target = start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
+    target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
     # Sentences and their tags (the training tags sorted; a checkpoint's own order kept when it names the same).
     sentences = load_sentences(source, task_args, data_args.validation_split_percentage, args.seed,

@@ -83,7 +83,7 @@ def main(argv=None):
 
 
 def compile_for(experiment, config, flags):
-    """runtime.compile_for: the experiment's script run with that flag (flaxlm.training.compile_for), no model_dir
+    """runtime.compile_for: the experiment's script run with that flag (flaxlm.planning.compile_for), no model_dir
     needed; a model from task.model.preset gets its config.json in a temporary directory."""
     import tempfile
     options = {**options_of(config), **MODE_OPTIONS[flags.mode]}

@@ -25,6 +25,7 @@ with its finished output) are reused.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -47,6 +48,22 @@ def run(script, argv, log_path):
     if p.returncode != 0:
         sys.exit(f"{script} failed (exit {p.returncode}); see {log_path}")
     return dt
+
+
+def median_step_ms(kinds, common, rounds, runs_dir, log_path):
+    """{kind: median step ms}: each kind's (script, flags) run with the common flags into runs_dir/steps-KIND-ROUND, in
+    turn `rounds` times (the machine is shared: side by side), the median over every logging window after each run's
+    first; a finished run is reused."""
+    windows = {kind: [] for kind in kinds}
+    for r in range(rounds):
+        for kind, (script, flags) in kinds.items():
+            out = os.path.join(runs_dir, f"steps-{kind}-{r}")
+            if not done(out):
+                run(script, ["--output_dir", out, *common, *flags], log_path)
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                train = [x for x in map(json.loads, f) if x.get("split") == "train" and "step_ms" in x]
+            windows[kind] += [x["step_ms"] for x in train[1:]]
+    return {kind: statistics.median(v) for kind, v in windows.items()}
 
 
 def done(out_dir, name="config.json"):

@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
-from bench.adapt_vocabulary import run  # noqa: E402
+from bench.adapt_vocabulary import median_step_ms, run  # noqa: E402
 
 
 def start_checkpoint(w):
@@ -115,18 +115,10 @@ def step_times(a, w, start, files, log):
               "--overwrite_output_dir"]
     kinds = {"dpo": ("run_dpo.py", ["--train_file", files[0], "--validation_file", files[1], "--max_length",
                                     str(a.max_length), "--train_batch_size", str(a.batch)]),
-             "clm": ("run_clm_flax.py", ["--train_file", wiki, "--block_size", str(a.max_length),
+             "dpo-clm": ("run_clm_flax.py", ["--train_file", wiki, "--block_size", str(a.max_length),
                                          "--train_batch_size", str(2 * a.batch)])}
-    windows = {kind: [] for kind in kinds}
-    for r in range(a.rounds):
-        for kind, (script, flags) in kinds.items():
-            out = os.path.join(w, "runs", f"steps-dpo-{kind}-{r}")
-            if not os.path.exists(os.path.join(out, "config.json")):
-                run(script, ["--output_dir", out, *common, *flags], log)
-            with open(os.path.join(out, "metrics.jsonl")) as f:
-                train = [x for x in map(json.loads, f) if x.get("split") == "train" and "step_ms" in x]
-            windows[kind] += [x["step_ms"] for x in train[1:]]
-    return {kind: statistics.median(v) for kind, v in windows.items()}
+    ms = median_step_ms(kinds, common, a.rounds, os.path.join(w, "runs"), log)
+    return {"dpo": ms["dpo"], "clm": ms["dpo-clm"]}
 
 
 def main(argv=None):

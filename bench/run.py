@@ -27,7 +27,7 @@ rows -> objective.collate -> reshape -> meshlib.to_device_batch; with --rows pre
 first read from memory-mapped uint16 shards by the loop's own ShuffledRows / MixedRows), in ms and as a share of
 the step.
 --memory_only compiles from abstract inputs (jax.ShapeDtypeStruct) and runs nothing; --compile_for SLICE does that
-for every device of a TPU slice with the TPU compiler (flaxlm.training.tpu_slices; needs libtpu), whose figures are
+for every device of a TPU slice with the TPU compiler (flaxlm.planning.tpu_slices; needs libtpu), whose figures are
 what the TPU will hold (a step too big for HBM is the compiler's error, reported as such). The CPU compiler's
 estimate is above an accelerator's: XLA:CPU keeps float32 copies of bfloat16 activations, and without
 --scan_layers its figure does not shrink with --remat_policy (its schedule keeps every layer's residuals
@@ -68,7 +68,7 @@ from flaxlm.models import count_params, create_model, split_model  # noqa: E402
 from flaxlm.models.layer_stack import Execution  # noqa: E402
 from flaxlm.models.presets import build_config  # noqa: E402
 from flaxlm.platform import building_for  # noqa: E402
-from flaxlm.training.compile_for import DoesNotFit, compile_timed  # noqa: E402
+from flaxlm.planning.compile_for import DoesNotFit, compile_timed  # noqa: E402
 from flaxlm.training.train_step import BatchLayout, compile_train_step, initial_state  # noqa: E402
 
 HF_REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "hf_reference.py")
@@ -423,7 +423,7 @@ def parse_args(argv):
     a = p.parse_args(argv)
     a.target = None
     if a.compile_for:
-        from flaxlm.training.tpu_slices import tpu_slice
+        from flaxlm.planning.tpu_slices import tpu_slice
         a.target, a.memory_only = tpu_slice(a.compile_for), True
     suite = SUITES[a.suite]
     if a.preset:

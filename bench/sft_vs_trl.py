@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
-from bench.adapt_vocabulary import run  # noqa: E402  -- a script as a subprocess, logged; the bench stops if it fails
+from bench.adapt_vocabulary import median_step_ms, run  # noqa: E402  -- scripts as subprocesses, logged
 
 LORA = {"rank": 8, "alpha": 16}
 
@@ -168,16 +168,7 @@ def step_times(a, w, start, files, log):
     kinds = {"clm": ("run_clm_flax.py", ["--train_file", wiki, "--block_size", str(a.max_length)]),
              "sft_full": ("run_sft.py", sft),
              "sft_lora": ("run_sft.py", sft + ["--lora_rank", str(LORA["rank"]), "--lora_alpha", str(LORA["alpha"])])}
-    windows = {kind: [] for kind in kinds}
-    for r in range(a.rounds):
-        for kind, (script, flags) in kinds.items():
-            out = os.path.join(w, "runs", f"steps-{kind}-{r}")
-            if not os.path.exists(os.path.join(out, "metrics.jsonl")) or not read_metrics(out)["step_ms"]:
-                run(script, ["--output_dir", out, *common, *flags], log)
-            with open(os.path.join(out, "metrics.jsonl")) as f:
-                train = [x for x in map(json.loads, f) if x.get("split") == "train" and "step_ms" in x]
-            windows[kind] += [x["step_ms"] for x in train[1:]]
-    return {kind: statistics.median(v) for kind, v in windows.items()}
+    return median_step_ms(kinds, common, a.rounds, os.path.join(w, "runs"), log)
 
 
 def norquad_answers(a, w, log):

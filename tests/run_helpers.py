@@ -78,7 +78,7 @@ def assert_devices_match(objective, params, rows, tmp_path, steps=3, global_batc
     from flaxlm.data.rows import ShuffledRows
     from flaxlm.models import decay_mask
     from flaxlm.training.optim import make_optimizer
-    from flaxlm.training.run_log import RunLog
+    from flaxlm.reporting.run_log import RunLog
     from flaxlm.training.loop import train
     assert jax.device_count() == 8, "conftest sets 8 simulated CPU devices"
     losses = {}

@@ -17,7 +17,7 @@ import run_electra_flax
 import run_helpers
 from flaxlm.errors import UserError
 from flaxlm.platform import building_for, platform
-from flaxlm.training.tpu_slices import GENERATIONS, parse_name, tpu_slice
+from flaxlm.planning.tpu_slices import GENERATIONS, parse_name, tpu_slice
 from tpu_compile import needs_libtpu
 
 pytestmark = needs_libtpu

@@ -176,7 +176,7 @@ def test_compile_for_a_slice_writes_nothing(checkpoints, tmp_path, capsys):
 
 
 def test_the_norquad_preference_set_reads_as_pairs_and_conversations(shared_data, tmp_path):
-    """bench/norquad_chat.py (the README's example data): NorQuAD's questions as TRL-format pairs and conversations
+    """bench/norquad_chat.py (docs/post-training.md's example data): NorQuAD's questions as TRL-format pairs and conversations
     that run_dpo.py and run_sft.py read without a bad-pair line, each pair's answers different, held out by article."""
     from bench.norquad_chat import main as build
     from flaxlm.config.options import TextSourceArgs

@@ -2,7 +2,7 @@
 already holds the task's head, made by transformers), with dropout off, on the same batches with the same AdamW,
 schedule, weight decay and clipping, every step's training loss of our script equals the loss of the PyTorch loop
 bench/finetune_vs_torch.py runs (bench/torch_finetune.py), and so does the dev metric. What is left between the two
-in that bench (its table in the README) is then what the seeds draw: the new head's initialization and the dropout."""
+in that bench (its table in docs/fine-tuning.md) is then what the seeds draw: the new head's initialization and the dropout."""
 import json
 import os
 import sys

@@ -38,7 +38,7 @@ def train_tiny(mode, out, steps=3, global_batch=16):
     from flaxlm.models import create_model, decay_mask, split_model
     from flaxlm.training.optim import make_optimizer
     from flaxlm.models.presets import build_config
-    from flaxlm.training.run_log import RunLog
+    from flaxlm.reporting.run_log import RunLog
     from flaxlm.training.loop import train
     config = build_config("gpt2-tiny")
     graphdef, params = split_model(create_model(config, seed=0))

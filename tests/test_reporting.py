@@ -1,5 +1,5 @@
-"""--report_to's trackers (flaxlm.training.trackers) and the model card beside each export
-(flaxlm.training.model_card): W&B in offline mode read back with wandb's own reader (`wandb leet inspect --json`),
+"""--report_to's trackers (flaxlm.reporting.trackers) and the model card beside each export
+(flaxlm.reporting.model_card): W&B in offline mode read back with wandb's own reader (`wandb leet inspect --json`),
 MLflow on a local file store, trackio's local store; a run that crashed and resumed continues each tracker's run and
 sends no step twice; a missing package is one line before any work, a tracker failing mid-run a warning; the card's
 metadata as huggingface_hub parses it, its figures metrics.jsonl's, a README.md the user wrote kept."""
@@ -15,8 +15,8 @@ import pytest
 import run_clm_flax
 import run_helpers
 from run_helpers import expect_user_error
-from flaxlm.training import trackers
-from flaxlm.training.run_log import read_rows
+from flaxlm.reporting import trackers
+from flaxlm.reporting.run_log import read_rows
 
 os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="trackio-"))  # read when trackio is first imported
 TIMINGS = ("tokens_per_s", "step_ms", "data_ms", "data_share", "mfu", "seconds")  # differ between two runs of a step
@@ -139,7 +139,7 @@ def test_the_card_holds_metrics_jsonl_figures_and_huggingface_hub_parses_it(resu
 def test_a_readme_the_user_wrote_is_kept_and_ours_is_rewritten(resumed_run, model_dir, tmp_path, capsys):
     from flaxlm.models import load_config
     from flaxlm.tokenization.loading import load_tokenizer
-    from flaxlm.training.model_card import MARK, write_model_card
+    from flaxlm.reporting.model_card import MARK, write_model_card
     out, _ = resumed_run
     kwargs = dict(config=load_config(model_dir), tokenizer=load_tokenizer(model_dir), script="run_clm_flax.py",
                   auto_class="transformers.AutoModelForCausalLM", options={}, n_params=1000)

@@ -2,7 +2,7 @@
 warning that loses nothing."""
 import pytest
 
-from flaxlm.training.run_log import RunLog, read_rows
+from flaxlm.reporting.run_log import RunLog, read_rows
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -28,7 +28,7 @@ def test_loss_png_beside_metrics(tmp_path, eval_every):
 
 
 def test_a_failure_to_draw_is_one_warning(tmp_path, monkeypatch, capsys):
-    from flaxlm.training import loss_plot
+    from flaxlm.reporting import loss_plot
 
     def broken(*args, **kwargs):
         raise OSError("No space left on device\nsecond line")

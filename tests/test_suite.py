@@ -194,7 +194,7 @@ def test_suite_reports_a_crash_and_scores_the_rest(roberta, tmp_path, capsys):
              {**GOOD, "learning_rate": 1e-3},
              {"name": "nn_nb", "kind": "seq2seq", "train_file": "train.tsv"}]  # not for an encoder: skipped
     out = tmp_path / "out"
-    from flaxlm.training.model_card import MARK, SUITE_END, SUITE_START
+    from flaxlm.reporting.model_card import MARK, SUITE_END, SUITE_START
     card = Path(roberta["encoder"]) / "README.md"  # a card flaxlm wrote: the suite's table goes into it
     card.write_text(f"---\nlicense: mit\n---\n{MARK}\n# tiny\n{SUITE_START}\n{SUITE_END}\n## How to use\n")
     evaluate_suite.main(["--model_name_or_path", roberta["encoder"], "--suite", suite_file(tmp_path, tasks),

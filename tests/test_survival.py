@@ -228,7 +228,7 @@ def train_tiny(model_dir, corpus, out, bad_steps, **flags):
     from flaxlm.models.hf_io import load_config
     from flaxlm.models import create_model
     from flaxlm.training.optim import make_optimizer
-    from flaxlm.training.run_log import RunLog
+    from flaxlm.reporting.run_log import RunLog
     from flaxlm.training.loop import train
     config = load_config(model_dir)
     graphdef, params = split_model(create_model(config, seed=0))

@@ -13,7 +13,7 @@ from flaxlm.errors import UserError
 from flaxlm.training.checkpoint import Checkpointer, saved_steps
 from flaxlm.training.evaluation import Evaluator
 from flaxlm.training.freeze import as_phases
-from flaxlm.training.run_log import RunLog, say
+from flaxlm.reporting.run_log import RunLog, say
 from flaxlm.training.train_step import initial_state
 
 EVAL_LOG = "eval_metrics.jsonl"

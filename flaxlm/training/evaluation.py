@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from flaxlm.data.rows import eval_batches, num_rows
 from flaxlm.training import mesh as meshlib
 from flaxlm.training.objective import collate_rng
-from flaxlm.training.run_log import say
+from flaxlm.reporting.run_log import say
 
 
 def eval_steps_for(objective, mesh, params_sharding):

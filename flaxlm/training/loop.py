@@ -23,7 +23,7 @@ from flaxlm.training.freeze import as_phases
 from flaxlm.training.objective import collate_rng
 from flaxlm.training.preemption import StopOnSignal
 from flaxlm.training.progress import TrainProgress
-from flaxlm.training.run_log import say
+from flaxlm.reporting.run_log import say
 from flaxlm.training.saving import Saver
 from flaxlm.training.sharding import gather_to_host_readable
 from flaxlm.training.train_step import BatchLayout, abstract_state, compile_train_step, initial_state

@@ -10,17 +10,16 @@ def start_run(args, model_args):
     """What every training script does first: join the other hosts of a multi-host run, check --report_to's
     trackers are installed and --output_dir (flaxlm.training.output_dir), turn on the compilation cache and, with
     --push_to_hub, check the hub access.
-    With --compile_for none of that (no host joined, nothing written): returns the TPU slice to compile for
-    (flaxlm.training.tpu_slices.Slice); else None."""
+    With --compile_for none of that (no host joined, nothing written): the script then compiles for the TPU slice
+    (flaxlm.planning.compile_for.compile_target)."""
     from flaxlm.training import mesh as meshlib
     from flaxlm.training.compile_cache import enable_compilation_cache
     from flaxlm.training.output_dir import check_hub_access, prepare_output_dir
     from flaxlm.training import freeze
     freeze.check_options(args)
     if args.compile_for:  # config.json is all it reads of a checkpoint
-        from flaxlm.training.tpu_slices import tpu_slice
-        return tpu_slice(args.compile_for)  # the steps are traced for it in compile_for.compile_steps
-    from flaxlm.training.trackers import resolve_report_to
+        return None  # the steps are traced for the slice in flaxlm.planning.compile_for.compile_steps
+    from flaxlm.reporting.trackers import resolve_report_to
     args.report_to = resolve_report_to(args.report_to)  # a tracker not installed: one line, before any work
     check_local_checkpoint(model_args.model_name_or_path)
     meshlib.maybe_initialize_distributed(args)
@@ -245,7 +244,7 @@ def train_and_evaluate(args, model_args, params, objective, train_rows, eval_row
     (honouring --do_train / --do_eval / --do_predict); returns the final params. With --eval_checkpoints it evaluates
     the saved checkpoints instead (flaxlm.training.eval_job) and returns None. vocab_size: the model's, for
     --train_only embeddings."""
-    from flaxlm.training.run_log import RunLog
+    from flaxlm.reporting.run_log import RunLog
     from flaxlm.training.loop import train
     tx, schedule = run_optimizer(args, params, total_steps, vocab_size)
     if args.eval_checkpoints:  # an evaluation job: no training, no export
@@ -270,10 +269,10 @@ def train_and_evaluate(args, model_args, params, objective, train_rows, eval_row
 
 
 def run_trackers(args):
-    """--report_to's trackers for this run (process 0 only; flaxlm.training.trackers), its options as their config."""
+    """--report_to's trackers for this run (process 0 only; flaxlm.reporting.trackers), its options as their config."""
     from flaxlm.config.cli import parsed_options
     from flaxlm.training import mesh as meshlib
-    from flaxlm.training.trackers import open_trackers, resolve_report_to
+    from flaxlm.reporting.trackers import open_trackers, resolve_report_to
     if not meshlib.is_main_process():
         return []
     return open_trackers(resolve_report_to(args.report_to), args.output_dir, args.run_name, parsed_options(),
@@ -287,7 +286,7 @@ def run_optimizer(args, params, total_steps, vocab_size=None):
     from flaxlm.models import decay_mask
     from flaxlm.training import freeze
     from flaxlm.training.optim import make_optimizer
-    from flaxlm.training.run_log import say
+    from flaxlm.reporting.run_log import say
     trainable = freeze.trainable_mask(params, args.train_only, vocab_size) if args.train_only else None
     if trainable is not None and all(jax.tree.leaves(trainable)):
         say(f"--train_only {' '.join(args.train_only)} names every parameter: everything trains")
@@ -333,12 +332,12 @@ PRETRAINING = ("CausalLM", "MaskedLM", "ForPreTraining", "ConditionalGeneration"
 
 
 def write_card(args, model_args, config, params, tokenizer, load_with, repo, how=None, library_name="transformers"):
-    """The export's model card (flaxlm.training.model_card): pretrained from scratch, continued from
+    """The export's model card (flaxlm.reporting.model_card): pretrained from scratch, continued from
     --model_name_or_path, or fine-tuned from it (or `how`); repo: where it loads from (the hub id pushed to, or the
     folder)."""
     from flaxlm.config.cli import parsed_options, parsed_prog
     from flaxlm.models import count_params
-    from flaxlm.training.model_card import write_model_card
+    from flaxlm.reporting.model_card import write_model_card
     base = model_args.model_name_or_path
     if how is None:
         how = ("pretrained from scratch" if not base else "continued pretraining" if load_with.endswith(PRETRAINING)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from flaxlm.training.run_log import say
+from flaxlm.reporting.run_log import say
 
 DATA_SHARE_NOTE = 0.05  # say so when the host's data work takes more of the step time than this
 

@@ -4,7 +4,7 @@ How the state is written and read back is flaxlm.training.checkpoint's."""
 from flaxlm.errors import UserError
 from flaxlm.training.checkpoint import Checkpointer, restore_for_resume
 from flaxlm.training.preemption import Preempted
-from flaxlm.training.run_log import say
+from flaxlm.reporting.run_log import say
 
 
 class Saver:

@@ -1,6 +1,6 @@
 """Where a run reports: OUTPUT_DIR/metrics.jsonl, the trackers of --report_to (TensorBoard events by default;
-flaxlm.training.trackers) and, on close, the loss curves drawn from the jsonl (OUTPUT_DIR/loss.png for a training
-run; flaxlm.training.loss_plot), and lines on the console above the progress bars (say).
+flaxlm.reporting.trackers) and, on close, the loss curves drawn from the jsonl (OUTPUT_DIR/loss.png for a training
+run; flaxlm.reporting.loss_plot), and lines on the console above the progress bars (say).
 
 Only process 0 writes. Each jsonl line is {"step": N, "split": "train"|"eval"|"test"|"data", ...metrics}; each
 tracker gets the same row at the same step.
@@ -23,9 +23,9 @@ class RunLog:
     def __init__(self, output_dir, fresh=True, filename="metrics.jsonl", tensorboard="tensorboard", loss_plot=None,
                  trackers=None):
         """loss_plot: file name (beside the jsonl) of the loss curves drawn on close; None draws none. trackers:
-        started ones (flaxlm.training.trackers.open_trackers); None: TensorBoard events in OUTPUT_DIR/`tensorboard`."""
+        started ones (flaxlm.reporting.trackers.open_trackers); None: TensorBoard events in OUTPUT_DIR/`tensorboard`."""
         import jax  # here, not at the top: read_rows serves scripts that need no jax
-        from flaxlm.training.trackers import Reporting, TensorBoard
+        from flaxlm.reporting.trackers import Reporting, TensorBoard
         self.enabled = jax.process_index() == 0
         self.path = os.path.join(output_dir, filename)
         self.loss_plot = os.path.join(output_dir, loss_plot) if loss_plot else None
@@ -78,7 +78,7 @@ class RunLog:
 
     def _draw_loss_plot(self):
         """The loss curves as a picture; a failure (no matplotlib, a full disk) costs a warning, never the run."""
-        from flaxlm.training.loss_plot import draw_loss_curves
+        from flaxlm.reporting.loss_plot import draw_loss_curves
         try:
             draw_loss_curves(read_rows(self.path), self.loss_plot, title=os.path.dirname(self.path))
             return os.path.exists(self.loss_plot)

@@ -1,10 +1,10 @@
 """Print a run's evaluation losses from its metrics.jsonl, first to last, and how far the loss fell.
 
-    python -m flaxlm.training.eval_summary runs/demo/run/metrics.jsonl
+    python -m flaxlm.reporting.eval_summary runs/demo/run/metrics.jsonl
 """
 import sys
 
-from flaxlm.training.run_log import read_rows
+from flaxlm.reporting.run_log import read_rows
 
 
 def eval_losses(path):

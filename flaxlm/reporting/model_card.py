@@ -9,7 +9,7 @@ line says so. Delete the MARK line from a card to keep your edits from then on.
 """
 import os
 
-from flaxlm.training.run_log import read_rows
+from flaxlm.reporting.run_log import read_rows
 
 MARK = "<!-- flaxlm model card: rewritten by each export; delete this line to keep your edits -->"
 SUITE_START, SUITE_END = "<!-- flaxlm suite -->", "<!-- /flaxlm suite -->"

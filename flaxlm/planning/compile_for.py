@@ -1,6 +1,7 @@
 """--compile_for SLICE: a run's train and eval steps compiled for a TPU slice on any host, and whether they fit.
 
-    target = start_run(args, model_args)      # the Slice (flaxlm.training.tpu_slices); nothing written, no host joined
+    start_run(args, model_args)               # with --compile_for: nothing written, no host joined
+    target = compile_target(args)             # the Slice (flaxlm.planning.tpu_slices)
     config, model = load_model(..., abstract=True)          # shapes only: no weights read
     mesh = meshlib.make_mesh(target.devices)
     check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
@@ -24,6 +25,13 @@ from flaxlm.errors import UserError
 from flaxlm.platform import building_for
 
 GIB = 2 ** 30
+
+
+def compile_target(args):
+    """The TPU slice --compile_for names (flaxlm.planning.tpu_slices.Slice), or None for a run that trains. UserError
+    for an unknown name or without libtpu."""
+    from flaxlm.planning.tpu_slices import tpu_slice
+    return tpu_slice(args.compile_for) if args.compile_for else None
 
 
 def token_rows(row_length, tokenizer, n=8):
