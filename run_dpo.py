@@ -5,7 +5,8 @@ Pipeline: options -> output directory -> tokenizer (and its chat template, for m
 run_sft.py export, say) -> pairs in TRL's formats (prompt + chosen + rejected; or two conversations sharing their
 prompt) -> tokens, each answer after its prompt -> the reference's log-probabilities of every answer, computed once
 on all devices (the starting model, or --reference_model) and kept in OUTPUT_DIR/reference_logps.npz, so that no
-second model is held and a resumed run does not recompute them -> training over all devices, logging TRL's
+second model is held and a resumed run does not recompute them (with LoRA and --precompute_ref_log_probs false:
+scored in every step, the base with the adapters off) -> training over all devices, logging TRL's
 rewards/* and logps/* -> export in Hugging Face format.
 
     python run_dpo.py --output_dir runs/dpo --model_name_or_path runs/sft --train_file pairs.jsonl \
@@ -18,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from flaxlm.config.options import DataArgs, DPOArgs, LoraArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
-from flaxlm.errors import run_main  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
 
 REFERENCE_FILE = "reference_logps.npz"
 
@@ -27,6 +28,11 @@ def main(argv=None):
     model_args, source, data_args, dpo_args, lora_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, DPOArgs, LoraArgs, TrainingArgs, argv=argv, prog="run_dpo.py",
         description=__doc__)
+    live_reference = not dpo_args.precompute_ref_log_probs  # LoRA: the base with the adapters off, in every step
+    if live_reference and (not lora_args.lora_rank or dpo_args.reference_model):
+        raise UserError("--precompute_ref_log_probs false scores the reference in every step as the base with the "
+                        "adapters off, which needs LoRA (--lora_rank) and no --reference_model; leave it on to "
+                        "compute the reference's log-probabilities once")
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.chat_template import resolve_template
     from flaxlm.data.preferences import encode_pair, load_pairs, pair_rows, placeholder_pairs
@@ -67,7 +73,7 @@ def main(argv=None):
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     objective = dpo_objective(graphdef, config, params, max_length, pad_id, dpo_args.loss_type, dpo_args.beta,
-                              dpo_args.label_smoothing)
+                              dpo_args.label_smoothing, live_reference)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
                          placeholder_pairs(max_length, len(tokenizer)), config.vocab_size)
@@ -80,8 +86,10 @@ def main(argv=None):
         answers = int(rows[split]["chosen_answer"].sum() + rows[split]["rejected_answer"].sum())
         print(f"{split}: {len(split_pairs)} pairs, rows of {max_length} tokens, {answers} answer tokens", flush=True)
     start_fresh(args)  # inputs all read
-    for split, ref in reference(args, model_args, dpo_args, graphdef, params, rows, eval_batch, mesh, pad_id).items():
-        rows[split].update(ref)
+    if not live_reference:
+        for split, ref in reference(args, model_args, dpo_args, graphdef, params, rows, eval_batch, mesh,
+                                    pad_id).items():
+            rows[split].update(ref)
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)
 

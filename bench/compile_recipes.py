@@ -4,6 +4,7 @@
     python bench/compile_recipes.py                                   # every recipe on its slices (see RECIPES)
     python bench/compile_recipes.py --recipes norwegian-gpt2 --slices v5e-8 v5e-4
     python bench/compile_recipes.py --recipes sft-mistral-7b-lora --preset gemma-2-9b   # another model, same recipe
+    python bench/compile_recipes.py --recipes dpo-mistral-7b-lora --flags "--precompute_ref_log_probs false"
 
 Each recipe's own script runs with --config_file configs/RECIPE.yaml --compile_for SLICE (one process per run) on a
 stand-in for the model it names: the preset's config.json (the hub model's shape and vocabulary) beside a small
@@ -14,6 +15,7 @@ it fits, and the compile time. Needs libtpu (requirements-tpu.txt).
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -72,6 +74,7 @@ def main():
     p.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=list(RECIPES))
     p.add_argument("--slices", nargs="+", help="instead of each recipe's own")
     p.add_argument("--preset", help="the model of this preset in each recipe's place (e.g. gemma-2-9b)")
+    p.add_argument("--flags", default="", help="more flags for each recipe's script, in one string (they win)")
     p.add_argument("--work_dir", help="where the stand-in model directories go (default: a temporary one)")
     a = p.parse_args()
     from flaxlm.data.demo_corpus import write_demo_corpus
@@ -82,10 +85,11 @@ def main():
     for name in a.recipes:
         script, preset, kind, flag, slices = RECIPES[name]
         label = f"{name} ({a.preset})" if a.preset and a.preset != preset else name
+        label += f" {a.flags}" if a.flags else ""
         model = stand_in(a.preset or preset, kind, corpus, work)
         for target in a.slices or slices:
             cmd = [sys.executable, script, "--config_file", f"configs/{name}.yaml", flag, model, "--tokenizer_name",
-                   model, "--compile_for", target]
+                   model, "--compile_for", target, *shlex.split(a.flags)]
             done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             r = figures(done.stdout + done.stderr)
             cells = [r.get(k, ("-", "-"))[0] for k in ("parameters", "optimizer state", "temporaries", "total")]

@@ -104,6 +104,47 @@ def test_the_reference_computed_once_is_a_live_reference_model_and_counts_answer
             assert float(rows[f"ref_{name}"][i]) == pytest.approx(live, rel=1e-5, abs=1e-4)
 
 
+def test_a_live_reference_is_the_base_with_the_adapters_off(checkpoints):
+    """--precompute_ref_log_probs false with LoRA: the reference scored in the step (the adapters off) gives the
+    loss, rewards and gradients that the reference computed once from the base model gives."""
+    import jax
+    from flaxlm.models import load_pretrained, split_model
+    from flaxlm.models.lora import LoraConfig, add_lora
+    from flaxlm.objectives.dpo import dpo_objective, reference_logps
+    from flaxlm.tokenization.loading import load_tokenizer
+    from flaxlm.training.mesh import make_mesh
+    from flaxlm.training.sharding import state_shardings
+    tok = load_tokenizer(checkpoints[0])
+    rows = pair_rows([encode_pair(tok, None, pair(p, "pair")) for p in PAIRS], 48, tok.eos_token_id)
+    mesh = make_mesh()
+    base_graphdef, base_params = split_model(load_pretrained(
+        checkpoints[0], shardings=lambda abstract: state_shardings(abstract, mesh, "data"))[1])
+    rows.update(reference_logps(base_graphdef, base_params, rows, 8, mesh, tok.eos_token_id))
+    config, model = load_pretrained(checkpoints[0])
+    add_lora(model, config, LoraConfig(rank=4, alpha=8))
+    graphdef, params = split_model(model)
+    params = jax.tree_util.tree_map_with_path(  # trained adapters: the policy is not the reference
+        lambda path, x: x + 0.05 if "lora_b" in jax.tree_util.keystr(path) else x, params)
+    sums = {}
+    for live in (False, True):
+        objective = dpo_objective(graphdef, config, params, 48, tok.eos_token_id, live_reference=live)
+        batch = objective.collate({k: v for k, v in rows.items() if live is False or not k.startswith("ref_")})
+        sums[live] = jax.jit(jax.value_and_grad(lambda p: objective.loss_sums(p, batch, None)["loss_sum"]))(params)
+        figures = jax.jit(objective.loss_sums)(params, batch, None)
+        sums[live] += (float(figures["rewards/margins_sum"]),)
+    assert float(sums[True][0]) == pytest.approx(float(sums[False][0]), rel=1e-5)
+    assert sums[True][2] == pytest.approx(sums[False][2], rel=1e-5) and abs(sums[False][2]) > 1e-3
+    for a, b in zip(jax.tree.leaves(sums[True][1]), jax.tree.leaves(sums[False][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_live_reference_needs_lora(checkpoints, tmp_path):
+    with pytest.raises(UserError, match="needs LoRA"):
+        run_dpo.main(["--output_dir", str(tmp_path / "x"), "--model_name_or_path", checkpoints[0], "--train_file",
+                      write_pairs(tmp_path / "p.jsonl"), "--precompute_ref_log_probs", "false"])
+    assert not (tmp_path / "x").exists()
+
+
 def write_pairs(path, n=24):
     rng = np.random.default_rng(0)
     with open(path, "w", encoding="utf-8") as f:

@@ -612,6 +612,10 @@ class DPOArgs(ChatArgs):
     reference_model: str | None = option(key="task.dpo.reference_model",
                                          help="the reference's directory (default: the starting model); its "
                                               "log-probabilities are computed once, before the first step")
+    precompute_ref_log_probs: bool = option(True, key="task.dpo.precompute_ref_log_probs",
+                                            help="compute the reference's log-probabilities once, before the first "
+                                                 "step (false, with LoRA: in every step, as the base with the "
+                                                 "adapters off, as TRL does with a PEFT model)")
 
 
 @dataclass

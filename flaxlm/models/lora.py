@@ -109,6 +109,14 @@ def base_params(params):
     return {k: base_params(v) for k, v in params.items() if k not in LORA_LEAVES}
 
 
+def adapters_off(params):
+    """params with every adapter's lora_b at zero, so that each layer gives its base's output (PEFT's
+    disable_adapter): the reference model of a LoRA run, held by no second copy."""
+    if not isinstance(params, dict):
+        return params
+    return {k: jnp.zeros_like(v) if k == "lora_b" else adapters_off(v) for k, v in params.items()}
+
+
 def merged(params, modules, lora):
     """The base params with each adapter multiplied into its kernel (float32): W + alpha / r * A B."""
     out = base_params(params)

@@ -16,6 +16,7 @@ import numpy as np
 
 from flaxlm.models import apply_hidden
 from flaxlm.models.layers import lm_logits
+from flaxlm.models.lora import adapters_off
 from flaxlm.training.evaluation import collect_predictions
 from flaxlm.training.flops import decoder_lm_train_flops
 from flaxlm.training.objective import Objective
@@ -91,11 +92,17 @@ def reference_logps(graphdef, params, rows, global_batch, mesh, pad_id):
     return {"ref_chosen": out["chosen"].astype(np.float32), "ref_rejected": out["rejected"].astype(np.float32)}
 
 
-def dpo_objective(graphdef, config, params, max_length, pad_id, loss_type="sigmoid", beta=0.1, label_smoothing=0.0):
-    """Objective over pair_rows (flaxlm.data.preferences) that carry ref_chosen / ref_rejected (reference_logps)."""
+def dpo_objective(graphdef, config, params, max_length, pad_id, loss_type="sigmoid", beta=0.1, label_smoothing=0.0,
+                  live_reference=False):
+    """Objective over pair_rows (flaxlm.data.preferences) that carry ref_chosen / ref_rejected (reference_logps); with
+    live_reference (a LoRA run) the reference is scored in every step instead: the params with the adapters off, in
+    eval mode, one more forward pass and no gradient."""
     def loss_sums(params, batch, dropout_key):
         logps = pair_logps(graphdef, params, batch, dropout_key)
-        ref = {"chosen": batch["ref_chosen"], "rejected": batch["ref_rejected"]}
+        if live_reference:
+            ref = jax.lax.stop_gradient(pair_logps(graphdef, adapters_off(params), batch))
+        else:
+            ref = {"chosen": batch["ref_chosen"], "rejected": batch["ref_rejected"]}
         tokens = {k: batch[f"{k}_answer"][:, 1:].sum(axis=1) for k in ("chosen", "rejected")}
         loss, figures = dpo_loss(loss_type, beta, logps, ref, tokens, label_smoothing)
         w = batch["weights"]
@@ -103,5 +110,6 @@ def dpo_objective(graphdef, config, params, max_length, pad_id, loss_type="sigmo
                 **{f"{name}_sum": jnp.sum(v * w) for name, v in figures.items()}}
 
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="weights",
-                     flops_per_example=2 * decoder_lm_train_flops(config, params, 1, max_length),
+                     flops_per_example=2 * decoder_lm_train_flops(config, params, 1, max_length)
+                     * (4 / 3 if live_reference else 1),  # a forward pass is a third of a train step's FLOPs
                      tokens_per_example=2 * max_length, perplexity=False)
