@@ -7,6 +7,7 @@ import pathlib
 import re
 import shlex
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,19 +77,13 @@ def stop_after(fn):
 
 def without_written_config_files(argv):
     """The --config_file values a documented command names that an earlier command writes (runs/...) cannot be
-    read before that run; every other one must exist in the repository."""
-    out, skip = [], False
-    for w in argv:
-        if skip:
-            skip = False
-            continue
-        if w == "--config_file" and argv[argv.index(w) + 1].startswith("runs/"):
-            skip = True
-            continue
-        if w.startswith("--config_file=runs/"):
-            continue
-        out.append(w)
-    return out
+    read before that run: left out. Every other one must exist in the repository."""
+    def written(i):
+        w = argv[i]
+        return (w.startswith("--config_file=runs/") or (w == "--config_file" and argv[i + 1:i + 2] != []
+                                                          and argv[i + 1].startswith("runs/"))
+                or (i > 0 and argv[i - 1] == "--config_file" and w.startswith("runs/")))
+    return [w for i, w in enumerate(argv) if not written(i)]
 
 
 def check_parses(path, argv, monkeypatch, tmp_path):
@@ -111,7 +106,7 @@ def check_parses(path, argv, monkeypatch, tmp_path):
     else:  # bench/ and lm_eval's command line: argparse
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", stop_after(argparse.ArgumentParser.parse_args))
     if path == "train.py":  # the experiment's script, checked with the flags train.py resolved for it
-        monkeypatch.setattr(module, "importlib", argparse.Namespace(import_module=lambda name: argparse.Namespace(
+        monkeypatch.setattr(module, "importlib", SimpleNamespace(import_module=lambda name: SimpleNamespace(
             main=lambda script_argv: check_parses(f"{name}.py", script_argv, monkeypatch, tmp_path))))
     takes_argv = "argv" in module.main.__code__.co_varnames[:module.main.__code__.co_argcount]
     try:

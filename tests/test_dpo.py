@@ -125,16 +125,16 @@ def test_a_live_reference_is_the_base_with_the_adapters_off(checkpoints):
     graphdef, params = split_model(model)
     params = jax.tree_util.tree_map_with_path(  # trained adapters: the policy is not the reference
         lambda path, x: x + 0.05 if "lora_b" in jax.tree_util.keystr(path) else x, params)
-    sums = {}
+    loss, grads, margins = {}, {}, {}
     for live in (False, True):
         objective = dpo_objective(graphdef, config, params, 48, tok.eos_token_id, live_reference=live)
-        batch = objective.collate({k: v for k, v in rows.items() if live is False or not k.startswith("ref_")})
-        sums[live] = jax.jit(jax.value_and_grad(lambda p: objective.loss_sums(p, batch, None)["loss_sum"]))(params)
-        figures = jax.jit(objective.loss_sums)(params, batch, None)
-        sums[live] += (float(figures["rewards/margins_sum"]),)
-    assert float(sums[True][0]) == pytest.approx(float(sums[False][0]), rel=1e-5)
-    assert sums[True][2] == pytest.approx(sums[False][2], rel=1e-5) and abs(sums[False][2]) > 1e-3
-    for a, b in zip(jax.tree.leaves(sums[True][1]), jax.tree.leaves(sums[False][1])):
+        batch = objective.collate({k: v for k, v in rows.items() if not (live and k.startswith("ref_"))})
+        loss[live], grads[live] = jax.jit(jax.value_and_grad(
+            lambda p: objective.loss_sums(p, batch, None)["loss_sum"]))(params)
+        margins[live] = float(jax.jit(objective.loss_sums)(params, batch, None)["rewards/margins_sum"])
+    assert float(loss[True]) == pytest.approx(float(loss[False]), rel=1e-5)
+    assert margins[True] == pytest.approx(margins[False], rel=1e-5) and abs(margins[False]) > 1e-3
+    for a, b in zip(jax.tree.leaves(grads[True]), jax.tree.leaves(grads[False])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
