@@ -138,6 +138,18 @@ def test_a_live_reference_is_the_base_with_the_adapters_off(checkpoints):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_a_lora_run_with_a_live_reference_trains_and_keeps_no_reference_file(checkpoints, tmp_path):
+    out = tmp_path / "live"
+    run_dpo.main(["--output_dir", str(out), "--model_name_or_path", checkpoints[0], "--train_file",
+                  write_pairs(tmp_path / "p.jsonl"), "--validation_split_percentage", "25", "--max_length", "32",
+                  "--train_batch_size", "8", "--max_steps", "2", "--logging_steps", "1", "--learning_rate", "1e-3",
+                  "--report_to", "none", "--lora_rank", "4", "--precompute_ref_log_probs", "false"])
+    first, second = read_metrics(out)[:2]
+    assert first["rewards/margins"] == 0 and first["rewards/accuracies"] == 0  # step 1: the adapters start at zero
+    assert second["rewards/margins"] != 0  # then the policy has moved from the reference (the base)
+    assert not (out / run_dpo.REFERENCE_FILE).exists() and (out / "adapter_model.safetensors").exists()
+
+
 def test_a_live_reference_needs_lora(checkpoints, tmp_path):
     with pytest.raises(UserError, match="needs LoRA"):
         run_dpo.main(["--output_dir", str(tmp_path / "x"), "--model_name_or_path", checkpoints[0], "--train_file",
@@ -209,10 +221,12 @@ def test_a_prompt_that_fills_max_length_is_one_line():
     assert rows["chosen_ids"][1].tolist() == [5, 6, 7, 8, 3, 0, 0, 0]  # the prompt kept from its end
 
 
-def test_compile_for_a_slice_writes_nothing(checkpoints, tmp_path, capsys):
+@pytest.mark.parametrize("flags", [[], ["--lora_rank", "4", "--precompute_ref_log_probs", "false"]],
+                         ids=["precomputed", "lora-live-reference"])
+def test_compile_for_a_slice_writes_nothing(checkpoints, tmp_path, capsys, flags):
     out = tmp_path / "run"
     r = run_dpo.main(["--output_dir", str(out), "--model_name_or_path", checkpoints[0], "--max_length", "64",
-                      "--compile_for", "v5e-4"])
+                      "--compile_for", "v5e-4", *flags])
     assert "fits v5e-4" in capsys.readouterr().out and r["params"] > 0 and not out.exists()
 
 
