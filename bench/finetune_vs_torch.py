@@ -3,7 +3,7 @@
 the same rows, the same hyperparameters, over several seeds; the dev metric's mean and spread side by side.
 
     python bench/finetune_vs_torch.py --work_dir /tmp/ft-bench --json /tmp/ft-bench/result.json
-    python bench/finetune_vs_torch.py --tasks norne ud_upos --seeds 0 1 2
+    python bench/finetune_vs_torch.py --tasks norne ud_upos --seeds 0 1 2 [--heads own]
 
 1. Checkpoints, made once in --work_dir with the project's scripts: a byte-level BPE tokenizer (8192) and a RoBERTa
    (roberta-small with 2 layers: width 128; positions for 512 tokens) pretrained by run_mlm_flax.py for
@@ -12,13 +12,21 @@ the same rows, the same hyperparameters, over several seeds; the dev metric's me
 2. Data, split once (seed 0) where ../shared/data has no dev file: UD Bokmål dev 90/10 (POS), NorQuAD's training
    split by article 90/10, the Nynorsk-Bokmål pairs 90/10; NorNE's first 4000 training sentences and its dev file;
    NoReC sentence sentiment's train and dev files; SST-2's first 10000 training sentences and GLUE dev.
-3. Each task and seed, ours: the script as a user runs it (a subprocess), its last eval row of metrics.jsonl.
+3. Each encoder task and seed, one start (--heads shared, the default): the checkpoint with the task's new head
+   drawn once, by transformers from torch.manual_seed(seed) (bench/torch_finetune.initial_checkpoint), which both
+   sides then fine-tune, as they train on the same batches: what the seed draws apart is then the dropout masks
+   alone. (A new head is drawn alike on both sides, normal(initializer_range) and zero biases:
+   tests/test_finetune_parity.py; but its draw moves these tiny models' dev figure by points: NorNE, dropout off,
+   transformers from our seed-0..2 heads 34.60, 33.11, 33.09 and from its own 38.68, 35.96, 36.63.) --heads own:
+   each side draws its own head from the seed, as a user's two runs would. T5 has no new head: its start is the
+   checkpoint.
+4. Each task and seed, ours: the script as a user runs it (a subprocess), its last eval row of metrics.jsonl.
    Theirs, in this process: the same script's options parsed by its own parser and its own data functions (the same
-   rows), transformers' PyTorch model of the same checkpoint (a new head initialized by transformers), the loss the
-   model computes from its labels, torch AdamW with the same betas, epsilon and weight decay (none on biases and
-   norms), transformers' linear schedule with the same warmup and steps, the gradient clipped to the same norm, the
-   same batches in the same order (flaxlm.data.rows.ShuffledRows: epochs of whole batches), dropout as the config
-   says, fp32; scored by the script's own metric code.
+   rows), transformers' PyTorch model of the same start, the loss the model computes from its labels, torch AdamW
+   with the same betas, epsilon and weight decay (none on biases and norms), transformers' linear schedule with the
+   same warmup and steps, the gradient clipped to the same norm, the same batches in the same order
+   (flaxlm.data.rows.ShuffledRows: epochs of whole batches), dropout as the config says, fp32; scored by the
+   script's own metric code.
 
 Prints a table (metric in points: fractions x 100) and, with --json, writes it with every run's figure: ours holds
 when its mean is at least transformers' mean minus the larger of the two spreads (standard deviations over the
@@ -137,10 +145,30 @@ def task_flags(name, a, w, checkpoint, seed):
         "--model_name_or_path", checkpoint, "--seed", str(seed)]
 
 
+def start(name, a, w, checkpoint, seed):
+    """The weights both sides fine-tune for the task and seed: with --heads shared an encoder task's checkpoint with
+    the new head transformers draws from the seed (made once in --work_dir), else the checkpoint."""
+    script, kind, _, _, _ = TASKS[name]
+    if a.heads == "own" or kind != ENCODER:
+        return checkpoint
+    out = os.path.join(w, "starts", f"{name}-{seed}")
+    if not os.path.exists(os.path.join(out, "config.json")):
+        from bench.torch_finetune import initial_checkpoint
+        initial_checkpoint(script, task_flags(name, a, w, checkpoint, seed), checkpoint, out)
+    return out
+
+
+def run_name(name, a, side, seed):
+    """A run's name in --work_dir/runs: an encoder task's runs from a shared start apart (T5 starts from the
+    checkpoint either way)."""
+    shared = a.heads == "shared" and TASKS[name][1] == ENCODER
+    return f"{name}-shared-{side}-{seed}" if shared else f"{name}-{side}-{seed}"
+
+
 def ours(name, a, w, checkpoint, seed, log):
     """Our script's last dev figure for the task and seed (in the task's metric)."""
     script, _, metric, _, _ = TASKS[name]
-    out = os.path.join(w, "runs", f"{name}-ours-{seed}")
+    out = os.path.join(w, "runs", run_name(name, a, "ours", seed))
     if not os.path.exists(os.path.join(out, "config.json")):
         run(script, ["--output_dir", out, *task_flags(name, a, w, checkpoint, seed)], log)
     with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -150,7 +178,7 @@ def ours(name, a, w, checkpoint, seed, log):
 
 def theirs(name, a, w, checkpoint, seed):
     """The transformers PyTorch loop's dev figure for the task and seed (in the task's metric), cached in --work_dir."""
-    path = os.path.join(w, "runs", f"{name}-torch-{seed}.json")
+    path = os.path.join(w, "runs", run_name(name, a, "torch", seed) + ".json")
     if not os.path.exists(path):
         from bench.torch_finetune import finetune
         t0 = time.time()
@@ -176,6 +204,9 @@ def main(argv=None):
     p.add_argument("--work_dir", default="/tmp/flaxlm-finetune-bench")
     p.add_argument("--data_dir", default=DATA)
     p.add_argument("--pretrain_steps", type=int, default=1200)
+    p.add_argument("--heads", choices=("shared", "own"), default="shared",
+                   help="shared: both sides fine-tune the same start (the new head drawn once per seed); own: each "
+                        "side draws its own head")
     p.add_argument("--json", default=None, help="write the table here as JSON")
     a = p.parse_args(argv)
     w = os.path.abspath(a.work_dir)
@@ -189,14 +220,17 @@ def main(argv=None):
         script, kind, metric, scale, _ = TASKS[name]
         figures = {"ours": [], "transformers": []}
         for seed in a.seeds:
-            figures["ours"].append(ours(name, a, w, checkpoints[kind], seed, log))
-            figures["transformers"].append(theirs(name, a, w, checkpoints[kind], seed))
+            begin = start(name, a, w, checkpoints[kind], seed)
+            figures["ours"].append(ours(name, a, w, begin, seed, log))
+            figures["transformers"].append(theirs(name, a, w, begin, seed))
         (om, osd), (tm, tsd) = summary(figures["ours"], scale), summary(figures["transformers"], scale)
         holds = om >= tm - max(osd, tsd, 1.0)
-        rows.append({"task": name, "script": script, "metric": metric, "ours_mean": om, "ours_std": osd,
-                     "transformers_mean": tm, "transformers_std": tsd, "holds": holds, "runs": figures})
-    print(f"\n| script | task | dev metric (points) | ours (mean ± std, {len(a.seeds)} seeds) | transformers PyTorch "
-          f"| ours - transformers | ours ≥ transformers - max(spreads, 1) |\n|---|---|---|---|---|---|---|")
+        rows.append({"task": name, "script": script, "heads": a.heads, "metric": metric, "ours_mean": om,
+                     "ours_std": osd, "transformers_mean": tm, "transformers_std": tsd, "holds": holds,
+                     "runs": figures})
+    print(f"\nheads: {a.heads}\n| script | task | dev metric (points) | ours (mean ± std, {len(a.seeds)} seeds) "
+          f"| transformers PyTorch | ours - transformers | ours ≥ transformers - max(spreads, 1) |\n"
+          f"|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['script']} | {r['task']} | {r['metric']} | {r['ours_mean']:.2f} ± {r['ours_std']:.2f} | "
               f"{r['transformers_mean']:.2f} ± {r['transformers_std']:.2f} | "

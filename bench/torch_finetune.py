@@ -8,6 +8,11 @@ model of the checkpoint (a new head initialized by transformers, dropout as the 
 computes from its labels), torch AdamW (no weight decay on biases and norms, as ours), transformers' linear schedule,
 clipping to --max_grad_norm, fp32. The batches are ours, in our order: flaxlm.data.rows.ShuffledRows over the same
 rows with the same seed, --train_batch_size rows a step, total_train_steps steps.
+
+    initial_checkpoint("run_token_classification.py", flags, checkpoint dir, out)   # the model before training
+
+writes the model the loop would start from (the checkpoint with the task's new head, drawn by transformers from
+torch.manual_seed(--seed)) to `out` with the checkpoint's tokenizer: a start both sides can share.
 """
 import numpy as np
 
@@ -44,6 +49,17 @@ def _loop(model, rows, inputs_of, args, losses):
     return model
 
 
+def _save(model, checkpoint, out):
+    """The model as built (before training) saved to `out` with the checkpoint's tokenizer files; returns out."""
+    import os
+    import shutil
+    model.save_pretrained(out)
+    for name in os.listdir(checkpoint):
+        if name.startswith(("tokenizer", "special_tokens_map", "vocab", "merges", "spiece")):
+            shutil.copy(os.path.join(checkpoint, name), os.path.join(out, name))
+    return out
+
+
 def _tensors(rows, keys, **renamed):
     import torch
     out = {k: torch.as_tensor(np.asarray(rows[k]), dtype=torch.long) for k in keys}
@@ -62,7 +78,7 @@ def _outputs(model, rows, keys, batch, read):
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def classification(flags, checkpoint, losses):
+def classification(flags, checkpoint, losses, save_to=None):
     import transformers
     from flaxlm.data.sentence_data import label_names, load_examples, token_rows
     from flaxlm.models import load_config
@@ -82,6 +98,8 @@ def classification(flags, checkpoint, losses):
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         checkpoint, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
         trust_remote_code=False)
+    if save_to:
+        return _save(model, checkpoint, save_to)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     model = _loop(model, rows["train"], lambda r: _tensors(r, keys + ("labels",)), args, losses)
     dev = rows["validation"]
@@ -90,7 +108,7 @@ def classification(flags, checkpoint, losses):
     return compute_metrics(task, outputs)
 
 
-def token_classification(flags, checkpoint, losses):
+def token_classification(flags, checkpoint, losses, save_to=None):
     import transformers
     from flaxlm.data.tagged_sentences import load_sentences, tag_names
     from flaxlm.models import load_config
@@ -114,6 +132,8 @@ def token_classification(flags, checkpoint, losses):
     model = transformers.AutoModelForTokenClassification.from_pretrained(
         checkpoint, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
         trust_remote_code=False)
+    if save_to:
+        return _save(model, checkpoint, save_to)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     model = _loop(model, rows["train"], lambda r: _tensors(r, keys + ("labels",)), args, losses)
 
@@ -123,7 +143,7 @@ def token_classification(flags, checkpoint, losses):
     return score(scheme, *word_tags(_outputs(model, rows["validation"], keys, 64, read), names))
 
 
-def question_answering(flags, checkpoint, losses):
+def question_answering(flags, checkpoint, losses, save_to=None):
     import transformers
     from flaxlm.data.squad import read_squad, squad_windows
     from flaxlm.models import load_config
@@ -142,6 +162,8 @@ def question_answering(flags, checkpoint, losses):
     dev = dev[:data_args.max_eval_samples]
     dev_rows, offsets_NL2 = squad_windows(dev, tokenizer, seq_len, qa_args.doc_stride, keep_offsets=True)
     model = transformers.AutoModelForQuestionAnswering.from_pretrained(checkpoint, trust_remote_code=False)
+    if save_to:
+        return _save(model, checkpoint, save_to)
     keys = ("input_ids", "attention_mask", "token_type_ids")
     labeled = keys + ("start_positions", "end_positions")
     model = _loop(model, train_rows, lambda r: _tensors(r, labeled), args, losses)
@@ -194,14 +216,23 @@ KINDS = {"run_classification.py": classification, "run_token_classification.py":
          "run_qa.py": question_answering, "run_seq2seq.py": seq2seq}
 
 
-def finetune(script, flags, checkpoint, losses=None):
-    """{metric: dev value} of the script's run (its flags) redone in PyTorch, each step's loss appended to `losses`;
-    the seed from --seed."""
+def _seeded(flags):
     import torch
     import transformers
     transformers.logging.set_verbosity_error()  # the new head's "newly initialized" report, every run
     seed = int(flags[flags.index("--seed") + 1])
     torch.manual_seed(seed)
     np.random.seed(seed)
-    return KINDS[script]([*flags, "--output_dir", "unused (nothing is written)"], checkpoint,
-                         [] if losses is None else losses)
+    return [*flags, "--output_dir", "unused (nothing is written)"]
+
+
+def initial_checkpoint(script, flags, checkpoint, out):
+    """The model the PyTorch loop of the script's run would start from, saved to `out` (with the tokenizer): an
+    encoder script's (a new head); run_seq2seq.py starts from the checkpoint itself."""
+    return KINDS[script](_seeded(flags), checkpoint, [], save_to=out)
+
+
+def finetune(script, flags, checkpoint, losses=None):
+    """{metric: dev value} of the script's run (its flags) redone in PyTorch, each step's loss appended to `losses`;
+    the seed from --seed."""
+    return KINDS[script](_seeded(flags), checkpoint, [] if losses is None else losses)

@@ -2,7 +2,8 @@
 already holds the task's head, made by transformers), with dropout off, on the same batches with the same AdamW,
 schedule, weight decay and clipping, every step's training loss of our script equals the loss of the PyTorch loop
 bench/finetune_vs_torch.py runs (bench/torch_finetune.py), and so does the dev metric. What is left between the two
-in that bench (its table in docs/fine-tuning.md) is then what the seeds draw: the new head's initialization and the dropout."""
+in that bench (its table in docs/fine-tuning.md) is then what the seeds draw: the dropout masks (both sides start from
+one draw of the new head there; with --heads own each draws its own, drawn alike: the last test here)."""
 import json
 import os
 import sys
@@ -136,3 +137,44 @@ def test_every_step_loses_what_transformers_loop_loses(case, model_dir_for, tmp_
     figures = finetune(name, flags, ckpt, theirs)
     np.testing.assert_allclose(ours, theirs, rtol=LOSS_RTOL)
     assert read_metrics(tmp_path / "run", "eval")[-1][metric] == pytest.approx(figures[metric], abs=1e-6)
+
+
+HEADS = {"sequence_classification": "AutoModelForSequenceClassification",
+         "token_classification": "AutoModelForTokenClassification",
+         "question_answering": "AutoModelForQuestionAnswering"}
+
+
+@pytest.mark.parametrize("task", HEADS)
+def test_a_new_head_is_drawn_as_transformers_draws_it(task, tmp_path):
+    """The head a fine-tuning script puts on a pretrained encoder is drawn as transformers draws it when it loads the
+    same checkpoint: the same tensors, biases exactly zero, weights of mean ~0 and standard deviation
+    initializer_range. (bench/finetune_vs_torch.py lets both sides share one draw: on its tiny models one draw against
+    another moves the dev figure by points.) Width 256: 512 to 65,536 numbers a weight, the std within 10%
+    (a normal truncated at 2 std, or lecun_normal, is 12% or 3x off)."""
+    import torch
+    import transformers
+    from flaxlm.models import load_for_task, split_model, to_hf_state_dict
+    labels = {} if task == "question_answering" else {"num_labels": 8}
+    config = transformers.RobertaConfig(vocab_size=64, hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=40, initializer_range=0.02,
+                                        pad_token_id=1, **labels)
+    torch.manual_seed(0)
+    encoder = transformers.RobertaForMaskedLM(config)
+    encoder.save_pretrained(tmp_path)
+    base = {k.removeprefix("roberta.") for k in encoder.state_dict()}
+    ref = {k: v.numpy() for k, v in getattr(transformers, HEADS[task]).from_pretrained(tmp_path, **labels)
+           .state_dict().items() if k.removeprefix("roberta.") not in base}
+    ours_config, model = load_for_task(str(tmp_path), task, seed=0, **labels)
+    ours = {k: v for k, v in to_hf_state_dict(ours_config, split_model(model)[1]).items()
+            if k.removeprefix("roberta.") not in base}
+    assert sorted(ours) == sorted(ref) and ref, (sorted(ours), sorted(ref))
+    for name, x in ours.items():
+        x = np.asarray(x)
+        assert x.shape == ref[name].shape, name
+        if name.endswith("bias"):
+            np.testing.assert_array_equal(x, 0.0)
+            np.testing.assert_array_equal(ref[name], 0.0)
+        else:
+            for w in (x, ref[name]):
+                assert abs(w.mean()) < 0.1 * 0.02, name
+                assert w.std() == pytest.approx(0.02, rel=0.1), name
