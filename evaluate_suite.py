@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Judge a pretrained model: fine-tune and evaluate it on each task of a suite, then one table of the results.
 
-Pipeline: options -> the suite file (tasks, their files under --data_dir, their scripts' flags; checked before any
-training) -> the tasks that fit the model (encoders: classification, tagging, NER, QA; T5-style models: seq2seq;
-decoders: few-shot choice and generation, bits per byte; the others skipped with a line) -> each task run by its
+Pipeline: options -> the suite file (tasks, their files under --data_dir, or without a data folder their datasets
+on the Hugging Face hub, their scripts' flags; checked before any training) -> the tasks that fit the model
+(encoders: classification, tagging, NER, QA; T5-style models: seq2seq; decoders: few-shot choice and generation,
+bits per byte; the others skipped with a line) -> each task run by its
 script (run_classification.py, run_token_classification.py, run_qa.py, run_seq2seq.py, run_fewshot.py,
 evaluate_lm.py) into OUTPUT_DIR/<task>, one after another, a crash reported and the rest run -> each score
 recomputed from the task's predictions file, with a 95% bootstrap interval over the validation examples and the
@@ -31,11 +32,15 @@ def main(argv=None):
     from flaxlm.reporting.trackers import resolve_report_to
     args.report_to = resolve_report_to(args.report_to)  # a tracker not installed: one line, before any work
     from flaxlm.tasks.suite.runner import evaluate_task, model_kind, prepare_output_dir
-    from flaxlm.tasks.suite.suite_file import KINDS, read_suite, script_options
+    from flaxlm.tasks.suite.suite_file import KINDS, read_suite, script_options, suite_data_dir
     from flaxlm.tasks.suite.table import markdown_table, text_table, write_results
 
-    # The suite's tasks, those that fit the model, their flags: all checked before the first run.
-    data_dir = args.data_dir or os.environ.get("FLAXLM_DATA_DIR") or os.path.join(HERE, "..", "shared", "data")
+    # The suite's tasks (their local files, or with no data folder their hub datasets), those that fit the model,
+    # their flags: all checked before the first run.
+    data_dir = suite_data_dir(args.data_dir, HERE)
+    if data_dir is None:
+        print("no --data_dir, $FLAXLM_DATA_DIR or ../shared/data: each task loads its dataset from the Hugging Face "
+              "hub (network the first time, then the datasets cache)", flush=True)
     tasks = read_suite(args.suite, data_dir)
     if args.tasks:
         unknown = sorted(set(args.tasks) - {t.name for t in tasks})

@@ -48,12 +48,12 @@ def main(argv=None):
     config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
                                sharding=args.sharding,  # a checkpoint is read straight into its sharding
                                abstract=target is not None)  # --compile_for: shapes only
-    check_fits(tokenizer, config)
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "
                         "with one (train_tokenizer.py gives </s>)")
     block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
     model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # --lora_rank: adapters only
+    check_fits(tokenizer, config)  # (an adapter's trainable tokens may have grown the vocabulary to its tokenizer's)
     graphdef, params = split_model(model)
 
     # Batch sizes and the objective: every token predicted from the ones before it.
@@ -89,7 +89,7 @@ def main(argv=None):
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM", lora=lora,
-           merge_lora=lora_args.merge_lora)
+           merge_lora=lora_args.merge_lora, merge_dtype=lora_args.merge_dtype)
 
 
 if __name__ == "__main__":

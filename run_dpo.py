@@ -59,15 +59,15 @@ def main(argv=None):
     mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
     config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
                                sharding=args.sharding, abstract=target is not None)
-    check_fits(tokenizer, config)
     if dpo_args.reference_model:  # before any work: a decoder of the same vocabulary
         from flaxlm.models import check_causal_lm, load_config
         reference_config = load_config(dpo_args.reference_model)
         check_causal_lm(reference_config, dpo_args.reference_model)
         check_fits(tokenizer, reference_config)
     model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # adapters at zero: the base
+    check_fits(tokenizer, config)  # (an adapter's trainable tokens may have grown the vocabulary to its tokenizer's)
     graphdef, params = split_model(model)
-    max_length = resolve_block_size(dpo_args.max_length, data_args.max_seq_length, tokenizer, config)
+    max_length = resolve_block_size(dpo_args.max_length, None, tokenizer, config)  # --max_seq_length: its alias
 
     # Batch sizes (in pairs) and the objective.
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
@@ -98,7 +98,7 @@ def main(argv=None):
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
            how=f"preference-tuned with {dpo_args.loss_type} DPO (beta {dpo_args.beta}; run_dpo.py)", lora=lora,
-           merge_lora=lora_args.merge_lora)
+           merge_lora=lora_args.merge_lora, merge_dtype=lora_args.merge_dtype)
 
 
 def reference(args, model_args, dpo_args, graphdef, params, rows, eval_batch, mesh, pad_id):

@@ -27,7 +27,7 @@ def main(argv=None):
         description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.adaptation.added_tokens import add_special_tokens
-    from flaxlm.data.chat_rows import encode, placeholder_rows, sft_rows
+    from flaxlm.data.chat_rows import encode, placeholder_rows, report_line, sft_rows
     from flaxlm.data.conversations import load_conversations
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.models import merge_model, split_model
@@ -54,14 +54,17 @@ def main(argv=None):
     mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
     config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
                                sharding=args.sharding, abstract=target is not None)
-    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # --lora_rank: adapters only
-    graphdef, params = split_model(model)
-    markers = missing_markers(tokenizer, template) if template else []
-    if markers and not target:
+    markers = missing_markers(tokenizer, template) if template and not target else []
+    if markers:
+        graphdef, params = split_model(model)
         tokenizer, config, params = add_special_tokens(tokenizer, config, params, markers)
-        graphdef = split_model(merge_model(graphdef, params))[0]
+        model = merge_model(graphdef, params)
         say(f"added the chat template's {', '.join(markers)} to the vocabulary ({config.vocab_size} rows), each row "
             f"the mean of its pieces' rows")
+    # --lora_rank: adapters only, and the rows of the markers just added (PEFT's trainable tokens)
+    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed,
+                              tokens=tokenizer.convert_tokens_to_ids(markers))
+    graphdef, params = split_model(model)
     if template:
         tokenizer.chat_template = template  # the export answers as it was trained
     stop = end_of_turn(tokenizer, template) if template else None
@@ -70,7 +73,7 @@ def main(argv=None):
         tokenizer.eos_token = stop
         config.eos_token_id = tokenizer.eos_token_id
     check_fits(tokenizer, config)
-    max_length = resolve_block_size(sft_args.max_length, data_args.max_seq_length, tokenizer, config)
+    max_length = resolve_block_size(sft_args.max_length, None, tokenizer, config)  # --max_seq_length: its alias
 
     # Batch sizes and the objective: the trained tokens predicted from the ones before them.
     micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
@@ -85,10 +88,7 @@ def main(argv=None):
     for split, split_examples in examples.items():
         seqs = [encode(tokenizer, template, e, sft_args.train_on_prompt) for e in split_examples]
         rows[split], report = sft_rows(seqs, max_length, pad_id, sft_args.packing, sft_args.long_examples)
-        long = (f"; {report['cut']} longer than {max_length} cut to it" if report["cut"] else
-                f"; {report['dropped']} longer than {max_length} left out" if report["dropped"] else "")
-        print(f"{split}: {report['examples']} examples in {len(rows[split]['input_ids'])} rows of {max_length}, "
-              f"{report['trained_tokens']} of {report['tokens']} tokens trained on{long}", flush=True)
+        print(report_line(split, report, len(rows[split]["input_ids"]), max_length), flush=True)
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)
     start_fresh(args)  # inputs all read
@@ -97,7 +97,8 @@ def main(argv=None):
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
-           how="supervised fine-tuned on conversations (run_sft.py)", lora=lora, merge_lora=lora_args.merge_lora)
+           how="supervised fine-tuned on conversations (run_sft.py)", lora=lora, merge_lora=lora_args.merge_lora,
+           merge_dtype=lora_args.merge_dtype)
 
 
 if __name__ == "__main__":

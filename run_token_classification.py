@@ -2,12 +2,12 @@
 """Fine-tune an encoder to tag every word: part of speech (UPOS, XPOS) or named entities (BIO tags), as Hugging
 Face's run_flax_ner.py did.
 
-Pipeline: options -> output directory -> tagged sentences (CoNLL-U or JSON lines) and their tag names ->
-tokenizer and model (the encoder of --model_name_or_path, e.g. what run_mlm_flax.py exported, with a new
-token-classification head) -> sub-token rows (each word's label on its first sub-token) -> training over all
-devices with evaluation (loss, word accuracy; seqeval's entity precision/recall/F1 for BIO tags) and checkpoints
--> per-label report beside the most-frequent-tag-per-word baseline, predictions files (word, gold, predicted) ->
-export in Hugging Face format (AutoModelForTokenClassification) to --output_dir.
+Pipeline: options -> output directory -> tagged sentences (CoNLL-U, JSON lines or a `datasets` dataset: words and
+tags columns) and their tag names -> tokenizer and model (the encoder of --model_name_or_path, e.g. what
+run_mlm_flax.py exported, with a new token-classification head) -> sub-token rows (each word's label on its first
+sub-token) -> training over all devices with evaluation (loss, word accuracy; seqeval's entity precision/recall/F1
+for BIO tags) and checkpoints -> per-label report beside the most-frequent-tag-per-word baseline, predictions files
+(word, gold, predicted) -> export in Hugging Face format (AutoModelForTokenClassification) to --output_dir.
 
     python run_token_classification.py --output_dir runs/pos --model_name_or_path runs/my-model \
         --train_file ud_bokmaal_dev.conllu --validation_split_percentage 20 --tag_column upos

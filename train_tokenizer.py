@@ -1,6 +1,7 @@
 """Train a tokenizer on your text and save it in the model directory.
 
     python train_tokenizer.py --train_file a.txt --train_file b.txt --output_dir models/my-roberta
+    python train_tokenizer.py --train_file a.txt --type gpt2 --vocab_size 50257 --output_dir models/my-gpt2
     python train_tokenizer.py --dataset_name NAME --dataset_config_name CONFIG --type wordpiece \\
         --vocab_size 30522 --output_dir models/my-bert
     python train_tokenizer.py --train_file a.txt --type unigram --vocab_size 32000 --output_dir models/my-t5
@@ -28,7 +29,7 @@ def main(argv=None):
             raise UserError("--type byte has a fixed vocabulary of 384 ids (UTF-8 bytes, as ByT5) and keeps the "
                             "text's case; drop --vocab_size and --lowercase")
         check_output_dir(args.output_dir, args.overwrite_output_dir)
-        tokenizer = byte_tokenizer(args.model_max_length)
+        tokenizer = byte_tokenizer(args.model_max_length or 512)
     else:
         tokenizer = train(src, args)
     save_tokenizer(tokenizer, args.output_dir)
@@ -48,9 +49,9 @@ def train(src, args):
         texts = texts.take(n) if src.streaming else texts.select(range(min(n, total)))
         total = n if src.streaming else len(texts)
 
-    options = {"vocab_size": args.vocab_size, "lowercase": args.lowercase}
-    return train_fn(iter_texts(texts), min_frequency=args.min_frequency, model_max_length=args.model_max_length,
-                    total=total, **{k: v for k, v in options.items() if v is not None})
+    options = {"vocab_size": args.vocab_size, "lowercase": args.lowercase, "model_max_length": args.model_max_length}
+    return train_fn(iter_texts(texts), min_frequency=args.min_frequency, total=total,
+                    **{k: v for k, v in options.items() if v is not None})
 
 
 if __name__ == "__main__":

@@ -343,3 +343,12 @@ def test_list_presets():
     for name in PRESETS:
         assert name in result.stdout
     assert "125M" in result.stdout
+    assert "token_id" not in result.stderr  # no preset's special ids lie outside its vocabulary (transformers warns)
+
+
+def test_each_presets_special_ids_are_in_its_vocabulary():
+    for name in PRESETS:
+        config = build_config(name)
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(config, key, None)
+            assert value is None or 0 <= value < config.vocab_size, (name, key, value)

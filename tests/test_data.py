@@ -134,6 +134,18 @@ def test_dataset_name_may_be_a_local_folder(tmp_path):
     assert raw["train"]["text"][:] == TEXTS and raw["validation"]["text"][:] == ["valideringstekst"]
 
 
+def test_dataset_name_may_be_a_folder_save_to_disk_wrote(tmp_path):
+    """A DatasetDict saved with save_to_disk (FOLDER/CONFIG for --dataset_config_name) loads as the hub's would; its
+    split named val (EuroEval's name) is the validation split."""
+    import datasets
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": TEXTS}),
+                          "val": datasets.Dataset.from_dict({"text": ["valideringstekst"]})}).save_to_disk(
+        str(tmp_path / "saved" / "nb"))
+    for name, config in ((tmp_path / "saved" / "nb", None), (tmp_path / "saved", "nb")):
+        raw = load_raw_text(src(tmp_path, dataset_name=str(name), dataset_config_name=config))
+        assert raw["train"]["text"][:] == TEXTS and raw["validation"]["text"][:] == ["valideringstekst"]
+
+
 def test_validation_split(tmp_path):
     lines = [f"linje {i}" for i in range(200)]
     s = src(tmp_path, train_file=[write(tmp_path / "a.txt", lines)])

@@ -199,6 +199,8 @@ def test_a_resumed_run_reuses_the_reference_and_continues_the_same_curve(checkpo
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (a["step"], key)
     assert read_metrics(tmp_path / "straight", "eval")[-1]["rewards/margins"] == pytest.approx(
         read_metrics(tmp_path / "resumed", "eval")[-1]["rewards/margins"], rel=1e-5, abs=1e-6)
+    evaluated = read_metrics(tmp_path / "straight", "eval")[-1]
+    assert evaluated["pairs"] == 6 and "target_tokens" not in evaluated  # what it counted: the 25% held out of 24
 
 
 @pytest.mark.parametrize("record, message", [

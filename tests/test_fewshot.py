@@ -54,6 +54,52 @@ def test_the_prompt_is_the_solved_examples_then_the_question():
     assert drawn != draw_shots(rows, 4, seed=6) and draw_shots(rows, 0, 5) == [] and len(draw_shots(rows, 99, 5)) == 10
 
 
+class CharLM:
+    """A stand-in CausalLM for counting: one token per character, prefix 0, a context of max_length tokens."""
+    prefix = 0
+
+    def __init__(self, max_length):
+        self.max_length = max_length
+        self.tokenizer = type("Decoder", (), {"decode": staticmethod(lambda ids, skip_special_tokens: "")})
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def scorer(self, requests):
+        self.requests = requests
+        return np.zeros(len(requests)), None
+
+    def generate(self, ids, max_new_tokens):
+        self.prompts = ids
+        return [[] for _ in ids]
+
+
+def test_prompts_cut_to_the_context_are_counted_in_one_line(capsys):
+    """A prompt longer than the context loses its beginning (lm-eval's cut); the run says how many of them, and the
+    fix: each count is the prompts whose tokens did not all reach the model."""
+    from flaxlm.tasks.fewshot_runs import answer_choices, answer_generations
+    template = PromptTemplate("T: {text}\nS:")
+    shots = [{"text": "ab", "label": "p"}]
+    questions = [{"text": "x" * n, "label": "pn"[n % 2]} for n in (1, 2, 9, 30)]
+    lm = CharLM(max_length=30)
+    answer_choices(lm, template, shots, questions, "label", {"p": " yes", "n": " no"})
+    # the prefix, "T: ab\nS: yes", the separator, "T: x...\nS:", " yes" (the longer choice): 25 + n tokens
+    whole = [1 + len(template.prompt(shots, q, lambda _: " yes") + " yes") for q in questions]
+    assert whole == [25 + n for n in (1, 2, 9, 30)] and sum(n > lm.max_length + 1 for n in whole) == 2
+    assert max(len(ids) for ids, _ in lm.requests) == lm.max_length + 1  # what the scorer got: cut to the context
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("warning: 2 of 4 prompts are longer than the 30 tokens of context the model has") and \
+        "pass a smaller --num_fewshot, or judge a model with a longer context" in line
+    target = PromptTemplate(" {label}")
+    answer_generations(lm, template, shots, questions, target, "text", ["\n"], max_new_tokens=10)
+    whole = [1 + len(template.prompt(shots, q, target.fill)) for q in questions]  # 19 + n tokens
+    assert whole == [19 + n for n in (1, 2, 9, 30)] and [len(ids) for ids in lm.prompts] == [min(n, 20) for n in whole]
+    assert "warning: 3 of 4 prompts are longer than the 20 tokens of context the model's 30 leave beside " \
+           "--max_new_tokens 10" in capsys.readouterr().out
+    answer_generations(CharLM(max_length=100), template, shots, questions, target, "text", ["\n"], 8)
+    assert "warning" not in capsys.readouterr().out
+
+
 def choice_argv(gpt2, data, out):
     return ["--model_name_or_path", gpt2, "--output_dir", str(out), "--train_file", str(data / "train.json"),
             "--validation_file", str(data / "valid.json"), "--prompt", "Text: {text}\\nSentiment:",

@@ -1,6 +1,9 @@
 """LoRA (flaxlm.models.lora): for every decoder family's tiny preset, our adapter (random non-zero A and B) exported in
 PEFT's format and loaded by peft on the transformers base gives our logits (fp32); the merged export equals the
-adapter on its base; an adapter loads back here; a target the family does not have is one line."""
+adapter on its base; an adapter loads back here; a target the family does not have is one line. Trainable tokens
+(rows of the embeddings and an untied head, a grown vocabulary's too) as peft's trainable_token_indices; --merge_lora
+as peft's merge_and_unload of the base's own checkpoint, in its dtype; a LoRA SFT run training the rows of the
+chat template's new markers."""
 import numpy as np
 import pytest
 
@@ -26,21 +29,45 @@ def exported(model_dir_for, tmp_path_factory):
     return export
 
 
-def with_random_adapter(base, rank=4, alpha=8.0, targets=None):
+def with_random_adapter(base, rank=4, alpha=8.0, targets=None, tokens=(), grow=0):
     """(config, model, lora, modules): the base with adapters whose A and B are both random (B is zero at the start
-    of training, which would test nothing)."""
+    of training, which would test nothing); with tokens (ids), their rows trainable and moved at random, after the
+    vocabulary grew by `grow` rows (as a chat template's markers grow it)."""
     import jax
     from flax import nnx
     from flaxlm.models import load_pretrained
-    from flaxlm.models.lora import LoraConfig, add_lora
+    from flaxlm.models.lora import LoraConfig, add_lora, grow_vocabulary
     config, model = load_pretrained(str(base))
-    lora = LoraConfig(rank=rank, alpha=alpha, targets=targets)
+    if grow:
+        grow_vocabulary(model, config, config.vocab_size + grow)
+    lora = LoraConfig(rank=rank, alpha=alpha, targets=targets, trainable_tokens=tuple(tokens))
     modules = add_lora(model, config, lora, seed=1)
     key = jax.random.PRNGKey(7)
     layers = [n for _, n in nnx.iter_graph(model) if getattr(n, "lora_b", None) is not None]
     for i, node in enumerate(layers):
         node.lora_b[...] = 0.05 * jax.random.normal(jax.random.fold_in(key, i), node.lora_b.shape)
+    rows = [n for _, n in nnx.iter_graph(model) if getattr(n, "token_delta", None) is not None]
+    for i, node in enumerate(rows):
+        node.token_delta[...] = 0.3 * jax.random.normal(jax.random.fold_in(key, 100 + i), node.token_delta.shape)
     return config, model, lora, modules
+
+
+def peft_on(base, adapter, vocab_size=None, dtype=None):
+    """peft's model of the adapter directory on the transformers base, its vocabulary first resized to vocab_size
+    (default: the adapter's tokenizer's) when longer: the recipe of docs/post-training.md."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    hf = AutoModelForCausalLM.from_pretrained(base, **({"dtype": dtype} if dtype else {}))
+    size = vocab_size or len(AutoTokenizer.from_pretrained(adapter))
+    if size > hf.config.vocab_size:
+        hf.resize_token_embeddings(size)
+    return PeftModel.from_pretrained(hf, adapter).eval()
+
+
+def torch_logits(model, ids):
+    import torch
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
 
 
 @pytest.mark.parametrize("family", CAUSAL_LM_TYPES)
@@ -82,6 +109,66 @@ def test_an_adapter_loads_back_here(exported, tmp_path):
     assert [m.hf for m in back_modules] == [m.hf for m in modules]
     ids = jnp.asarray(np.arange(3, 15)[None])
     np.testing.assert_array_equal(np.asarray(again(ids)), np.asarray(model(ids)))
+
+
+# The merge against peft's merge_and_unload: float32 sums W + alpha / r * A B taken in another order differ in the last
+# bits (measured 0 on these presets), 1e-5 of the logits; a bfloat16 base's merged weights each round that float32 sum
+# once, as peft's, so within one bfloat16 step (2^-7 of the value; measured 0).
+MERGE_ATOL, BF16_STEP = 1e-5, 2.0 ** -7
+
+
+@pytest.mark.parametrize("family, dtype", [("llama", "float32"), ("gpt2", "float32"), ("llama", "bfloat16")])
+def test_trainable_tokens_load_in_peft_and_the_merge_is_peft_s(family, dtype, exported, tmp_path):
+    """Trained rows of a token of the base and of two past its vocabulary (as a chat template's markers: the
+    embeddings and llama's untied head; gpt2's head is tied): peft loads the adapter (trainable_token_indices) on the
+    base resized as transformers resizes it and gives our logits; save_merged re-reads the base's checkpoint and
+    equals peft's merge_and_unload in the base's dtype (config.json's too), every other row of the tables the
+    base's bit for bit; the adapter loads back here, the vocabulary grown."""
+    import json
+    import shutil
+    import jax.numpy as jnp
+    import torch
+    from transformers import AutoModelForCausalLM
+    from flaxlm.models import load_config, load_pretrained, split_model
+    from flaxlm.models.lora import load_adapter, save_adapter, save_merged
+    base = exported(family)
+    if dtype == "bfloat16":
+        base = tmp_path / "base"
+        shutil.copytree(exported(family), base)
+        AutoModelForCausalLM.from_pretrained(exported(family)).to(torch.bfloat16).save_pretrained(base)
+    V = load_config(str(base)).vocab_size
+    tokens = (7, V, V + 1)
+    config, model, lora, modules = with_random_adapter(base, tokens=tokens, grow=2)
+    params = split_model(model)[1]
+    save_adapter(tmp_path / "adapter", config, params, lora, modules, base=str(base))
+    indices = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["trainable_token_indices"]
+    assert indices == ({"embed_tokens": list(tokens), "lm_head": list(tokens)} if family == "llama" else list(tokens))
+    ids = np.array([[5, 7, V, 9, V + 1, 11, V - 1, 7, 12]])
+    ours = np.asarray(model(jnp.asarray(ids)))
+    theirs = torch_logits(peft_on(base, tmp_path / "adapter", V + 2, dtype=torch.float32), ids)
+    np.testing.assert_allclose(ours, theirs, atol=ATOL_SHARE * np.abs(theirs).max(), rtol=0)
+
+    save_merged(str(tmp_path / "merged"), config, params, lora, modules, base=str(base))
+    flat = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    peft_merged = peft_on(base, tmp_path / "adapter", V + 2).merge_and_unload().eval()  # in the base's dtype
+    assert flat.dtype == peft_merged.dtype == getattr(torch, dtype)
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["dtype"] == dtype
+    if dtype == "float32":
+        np.testing.assert_allclose(torch_logits(flat, ids), torch_logits(peft_merged, ids), atol=MERGE_ATOL, rtol=0)
+    theirs_state = peft_merged.state_dict()
+    for name, x in flat.state_dict().items():
+        np.testing.assert_allclose(x.float().numpy(), theirs_state[name].float().numpy(), atol=MERGE_ATOL,
+                                   rtol=BF16_STEP if dtype == "bfloat16" else 0, err_msg=name)
+    original = AutoModelForCausalLM.from_pretrained(base)
+    others = np.setdiff1d(np.arange(V), tokens)
+    for mine, theirs_table in ((flat.get_input_embeddings(), original.get_input_embeddings()),
+                               (flat.get_output_embeddings(), original.get_output_embeddings())):
+        assert torch.equal(mine.weight[others], theirs_table.weight[others])
+
+    again_config, again = load_pretrained(str(base))
+    load_adapter(again, again_config, str(tmp_path / "adapter"))
+    assert again_config.vocab_size == V + 2
+    np.testing.assert_allclose(np.asarray(again(jnp.asarray(ids))), ours, atol=1e-6 * np.abs(ours).max(), rtol=0)
 
 
 def test_a_target_the_family_lacks_is_one_line(exported):
@@ -136,8 +223,9 @@ def test_a_lora_sft_run_trains_only_the_adapters_and_peft_loads_its_export(expor
 
 
 def test_only_the_adapters_train_and_hold_optimizer_state(exported):
-    """The run's optimizer with LoRA (--train_only the adapters): optimizer state for the adapters alone, and an
-    update leaves every base weight bit-identical."""
+    """The run's optimizer with LoRA (--train_only the adapters) and two trainable tokens: optimizer state for the
+    adapters and the tokens' rows alone, and an update leaves every base weight bit-identical (the token embeddings
+    and the head included: their trained rows are token_delta) while the rows move."""
     import jax
     import optax
     from flaxlm.config.options import TrainingArgs
@@ -145,7 +233,8 @@ def test_only_the_adapters_train_and_hold_optimizer_state(exported):
     from flaxlm.models.lora import TRAINABLE, is_adapter
     from flaxlm.training.freeze import as_phases, flat_params
     from flaxlm.training.pipeline import run_optimizer
-    _, model, _, _ = with_random_adapter(exported("llama"))
+    _, model, _, _ = with_random_adapter(exported("llama"), tokens=(3, 9))
+    assert {"embed/token_delta", "lm_head/token_delta"} <= set(flat_params(split_model(model)[1]))
     params = split_model(model)[1]
     args = TrainingArgs(output_dir="unused", train_only=[TRAINABLE], learning_rate=1e-2, weight_decay=0.1)
     phases, _ = run_optimizer(args, params, 10)
@@ -197,3 +286,57 @@ def test_generate_and_evaluate_lm_take_a_base_and_an_adapter(exported, tmp_path,
                           str(out), *extra])
         losses.append(json.loads(out.read_text())["loss"])
     assert losses[0] != losses[1]
+
+
+def test_a_lora_sft_run_trains_the_chat_template_s_new_rows(exported, tmp_path):
+    """run_sft.py --lora_rank --chat_template chatml on a float32 Llama that lacks ChatML's markers (its base trained
+    as a bfloat16 copy): the adapter carries the markers' rows as peft's trainable tokens (embeddings and the untied
+    head), moved from where they started, and peft on the base resized to the exported tokenizer gives our logits.
+    A run continuing it (--lora_adapter: the trained rows read back) with --merge_lora and nothing more learned
+    exports a float32 model (config.json says so) that equals peft's merge_and_unload of the adapter."""
+    import json
+    import jax.numpy as jnp
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import run_sft
+    from test_sft import conversations_file
+    from flaxlm.adaptation.added_tokens import add_special_tokens
+    from flaxlm.models import load_pretrained, split_model
+    from flaxlm.models.lora import load_adapter
+    base = exported("llama")
+    markers = ["<|im_start|>", "<|im_end|>"]
+    common = ["--model_name_or_path", str(base), "--chat_template", "chatml", "--train_file",
+              conversations_file(tmp_path / "conv.jsonl", n=16), "--validation_split_percentage", "25",
+              "--max_length", "48", "--train_batch_size", "8", "--eval_steps", "100", "--report_to", "none"]
+    run_sft.main(["--output_dir", str(tmp_path / "run"), *common, "--max_steps", "3", "--learning_rate", "1e-2",
+                  "--lora_rank", "4", "--lora_alpha", "16", "--lora_target_modules", "q_proj", "down_proj"])
+    tok = AutoTokenizer.from_pretrained(tmp_path / "run")
+    ids = tok.convert_tokens_to_ids(markers)
+    config, start = load_pretrained(str(base))
+    assert min(ids) >= config.vocab_size  # new rows
+    adapter = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
+    assert adapter["trainable_token_indices"] == {"embed_tokens": ids, "lm_head": ids}
+    _, _, start_params = add_special_tokens(AutoTokenizer.from_pretrained(base), config, split_model(start)[1],
+                                            markers)  # the rows the run started from (the mean of their pieces)
+    stored = load_file(tmp_path / "run" / "adapter_model.safetensors")
+    for name, start_rows in (("model.embed_tokens", start_params["embed"]["embedding"][ids]),
+                             ("lm_head", start_params["lm_head"]["kernel"][:, ids].T)):
+        moved = np.abs(stored[f"base_model.model.{name}.token_adapter.trainable_tokens_delta"] - start_rows)
+        assert (moved.max(axis=1) > 1e-2).all(), name  # far more than the bfloat16 copy's rounding
+
+    text = np.array([[ids[0], 40, 41, 42, ids[1], ids[0], 43, 44]])
+    config, ours = load_pretrained(str(base))
+    load_adapter(ours, config, str(tmp_path / "run"))
+    theirs = torch_logits(peft_on(base, tmp_path / "run"), text)
+    np.testing.assert_allclose(np.asarray(ours(jnp.asarray(text))), theirs, atol=ATOL_SHARE * np.abs(theirs).max(),
+                               rtol=0)
+
+    run_sft.main(["--output_dir", str(tmp_path / "merged"), *common, "--max_steps", "1", "--learning_rate", "0",
+                  "--lora_adapter", str(tmp_path / "run"), "--merge_lora"])
+    flat = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert flat.dtype == torch.float32 and json.loads((tmp_path / "merged" / "config.json").read_text())["dtype"] \
+        == "float32"
+    np.testing.assert_allclose(torch_logits(flat, text), torch_logits(peft_on(base, tmp_path / "run")
+                                                                      .merge_and_unload().eval(), text),
+                               atol=MERGE_ATOL, rtol=0)

@@ -290,8 +290,14 @@ def test_an_interrupted_preparation_continues_to_the_same_rows(model_dir, text, 
 def test_other_settings_foreign_files_and_truncated_shards_are_refused(model_dir, text, tmp_path):
     out = tmp_path / "p"
     prepare(model_dir, text, out, "--max_seq_length", "32")
-    with pytest.raises(UserError, match=r"other settings \(they differ in rows:"):
+    with pytest.raises(UserError, match=r"other settings \(rows: length 32 -> 16\); pass a new --output_dir"):
         prepare(model_dir, text, out, "--max_seq_length", "16")
+    held_out = tmp_path / "held_out"  # a validation file added to a preparation that held one out: that is said
+    prepare(model_dir, text, held_out, "--max_seq_length", "32", split_validation=True)
+    with pytest.raises(UserError, match=r"other settings \(sources: --validation_file \S*valid.txt added\)"):
+        prepare(model_dir, text, held_out, "--max_seq_length", "32")
+    with pytest.raises(UserError, match=r"jobs: \{'train': 1, 'validation': 1\} -> \{'train': 2, 'validation': 2\}"):
+        prepare(model_dir, text, out, "--max_seq_length", "32", "--preprocessing_num_workers", "2")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(UserError, match="not empty and holds no preparation"):

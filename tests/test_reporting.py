@@ -152,6 +152,25 @@ def test_a_readme_the_user_wrote_is_kept_and_ours_is_rewritten(resumed_run, mode
     assert "base_model: runs/source" in mine.read_text() and "an old card" not in mine.read_text()
 
 
+@pytest.mark.parametrize("base, on_hub", [("openai-community/gpt2", True), ("gpt2", True),
+                                          ("runs/my-gpt2-sft", False), ("gpt2-en/", False), ("./gpt2-en", False)])
+def test_base_model_names_only_a_hub_model_a_local_one_is_in_the_text(model_dir, tmp_path, monkeypatch, base, on_hub):
+    """The card's base_model is what the hub links as a model id: a local folder (runs/my-gpt2-sft, here on disk)
+    or a path is named in the card's text instead."""
+    from huggingface_hub import ModelCard
+    from flaxlm.models import load_config
+    from flaxlm.tokenization.loading import load_tokenizer
+    from flaxlm.reporting.model_card import write_model_card
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "my-gpt2-sft").mkdir(parents=True)
+    write_model_card(str(tmp_path), config=load_config(model_dir), tokenizer=load_tokenizer(model_dir),
+                     script="run_sft.py", auto_class="transformers.AutoModelForCausalLM", options={}, n_params=1000,
+                     base_model=base, how="fine-tuned")
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.base_model == (base if on_hub else None)
+    assert (f"fine-tuned from `{base}`" if on_hub else f"fine-tuned from the local model `{base}`") in card.text
+
+
 def test_report_to_takes_transformers_values():
     assert trackers.resolve_report_to(None) == ["tensorboard"]
     assert trackers.resolve_report_to(["none"]) == []

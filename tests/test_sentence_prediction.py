@@ -75,7 +75,8 @@ def test_end_to_end_fine_tune_export_and_predictions(pretrained, tmp_path, capsy
     assert evals[-1]["accuracy"] == 1.0 and evals[-1]["matthews"] == 1.0  # learned the toy task
     assert evals[-1]["macro_f1"] == 1.0
     card = ModelCard.load(out / "README.md")  # fine-tuned from the pretrained model, with its final figures
-    assert card.data.base_model == pretrained and card.data.pipeline_tag == "text-classification"
+    assert card.data.base_model is None and f"the local model `{pretrained}`" in card.text  # a folder: no hub id
+    assert card.data.pipeline_tag == "text-classification"
     assert "| eval | macro_f1 | 1.0 |" in card.text
     assert evals[-1]["loss"] < 0.5 * evals[0]["loss"]
     assert not read_metrics(out, "test")  # an unlabeled test split is only predicted

@@ -10,7 +10,7 @@ import pytest
 
 import run_sft
 from run_helpers import expect_user_error, read_metrics
-from flaxlm.data.chat_rows import best_fit, encode, sft_rows
+from flaxlm.data.chat_rows import best_fit, encode, report_line, sft_rows
 from flaxlm.data.conversations import Example, example
 from flaxlm.errors import UserError
 from flaxlm.data.chat_template import CHATML, end_of_turn, missing_markers
@@ -133,11 +133,25 @@ def test_best_fit_packs_longest_first_into_the_fullest_row():
     assert row_S.tolist() == [2, 1, 0, 0, 1] and start_S.tolist() == [0, 7, 0, 8, 0]
     rows, report = sft_rows([([1, 2, 3], [0, 1, 1]), ([4, 5], [0, 1]), (list(range(6, 18)), [0] * 6 + [1] * 6)], 8,
                             0, long="truncate")
-    assert report == {"examples": 3, "cut": 1, "dropped": 0, "trained_tokens": 5, "tokens": 13}
+    assert report == {"examples": 3, "cut": 1, "dropped": 0, "answer_cut": 0, "trained_tokens": 5, "tokens": 13}
     assert rows["segment_ids"].tolist() == [[1] * 8, [1, 1, 1, 2, 2, 0, 0, 0]]
     assert rows["positions"][1].tolist() == [0, 1, 2, 0, 1, 0, 0, 0]
     dropped = sft_rows([([1, 2, 3], [0, 1, 1]), (list(range(6, 18)), [0] * 6 + [1] * 6)], 8, 0, long="drop")[1]
     assert dropped["dropped"] == 1 and dropped["examples"] == 1
+
+
+def test_a_long_example_cut_past_its_whole_answer_is_counted():
+    """Cut from the end, a conversation whose answer lies past --max_length keeps no trained token: left out, and
+    counted apart from the cut ones that keep part of their answer."""
+    seqs = [([1, 2, 3], [0, 1, 1]), (list(range(6, 18)), [0] * 6 + [1] * 6), (list(range(20, 32)), [0] * 10 + [1] * 2)]
+    rows, report = sft_rows(seqs, 8, 0)
+    assert (report["examples"], report["cut"], report["answer_cut"], report["trained_tokens"]) == (2, 2, 1, 4)
+    assert report_line("train", report, len(rows["input_ids"]), 8) == (
+        "train: 2 examples in 2 rows of 8, 4 of 11 tokens trained on; 2 longer than 8 cut to it, 1 of them losing "
+        "their whole answer (left out)")
+    assert sft_rows(seqs, 8, 0, long="drop")[1]["answer_cut"] == 0  # dropped whole instead, never cut
+    assert report_line("validation", sft_rows(seqs[:1], 8, 0)[1], 1, 8) == (
+        "validation: 1 examples in 1 rows of 8, 2 of 3 tokens trained on")
 
 
 def test_a_packed_row_computes_each_conversation_as_alone(tokenizer, tiny_gpt2_dir):

@@ -241,6 +241,7 @@ def test_norwegian_suite_reads_with_the_shared_data(shared_data):
         ("nn_nb", "seq2seq", "chrf"), ("norec_sentence_fewshot", "choice", "macro_f1"),
         ("nn_nb_fewshot", "generate", "chrf"), ("ud_bokmaal_bits_per_byte", "bits_per_byte", "bits_per_byte")]
     assert all(os.path.isfile(p) for t in tasks for key in ("train_file", "validation_file") for p in t.flags.get(key, []))
+    assert not [t.name for t in tasks if "dataset_name" in t.flags or "hub" in t.flags]  # the files, not the hub
     fewshot, _ = script_options(tasks[4])  # run_fewshot.py's flags; the defaults it has no option for left out
     assert fewshot.task_type == "choice" and fewshot.prompt == "Tekst: {text}\nSentiment:" and fewshot.seed == 42
     _, source, _, task_args, _ = script_options(tasks[0])
@@ -252,3 +253,124 @@ def test_help(capsys):
     with pytest.raises(SystemExit) as e:
         evaluate_suite.main(["--help"])
     assert e.value.code == 0 and "--bootstrap_resamples" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# without a data folder: each task's hub dataset
+
+
+NORWEGIAN = os.path.join(os.path.dirname(evaluate_suite.__file__), "configs", "suites", "norwegian.yaml")
+
+
+def test_the_data_folder_is_the_flag_the_environment_or_the_shared_data_else_none(tmp_path, monkeypatch):
+    from flaxlm.tasks.suite.suite_file import suite_data_dir
+    scripts, shared = tmp_path / "repo", tmp_path / "shared" / "data"
+    scripts.mkdir()
+    monkeypatch.delenv("FLAXLM_DATA_DIR", raising=False)
+    assert suite_data_dir(None, str(scripts)) is None  # no ../shared/data: the hub datasets
+    assert suite_data_dir("mine", str(scripts)) == "mine"
+    monkeypatch.setenv("FLAXLM_DATA_DIR", "env")
+    assert suite_data_dir(None, str(scripts)) == "env" and suite_data_dir("mine", str(scripts)) == "mine"
+    monkeypatch.delenv("FLAXLM_DATA_DIR")
+    shared.mkdir(parents=True)
+    assert os.path.samefile(suite_data_dir(None, str(scripts)), shared)
+
+
+def test_norwegian_suite_without_data_hands_each_script_its_hub_dataset():
+    """configs/suites/norwegian.yaml with no data folder: no file paths, each task's dataset and the flags that
+    differ for it, parsed by its script's own options (nothing loaded: no network here)."""
+    import json as json_
+    from flaxlm.tasks.suite.suite_file import FILE_KEYS, read_suite, script_options
+    tasks = {t.name: t for t in read_suite(NORWEGIAN, None)}
+    assert {name: (t.flags["dataset_name"], t.flags.get("dataset_config_name")) for name, t in tasks.items()} == {
+        "norec_sentence": ("ltg/norec_sentence", "binary"),
+        "ud_upos": ("commul/universal_dependencies", "no_bokmaal"),
+        "norne": ("EuroEval/norne-nb-mini", None),
+        "nn_nb": ("NbAiLab/ndla_parallel_paragraphs", None),
+        "norec_sentence_fewshot": ("ltg/norec_sentence", "binary"),
+        "nn_nb_fewshot": ("NbAiLab/ndla_parallel_paragraphs", None),
+        "ud_bokmaal_bits_per_byte": ("commul/universal_dependencies", "no_bokmaal")}
+    assert not [key for t in tasks.values() for key in (*FILE_KEYS, "hub") if key in t.flags]
+    _, source, _, sentiment, _ = script_options(tasks["norec_sentence"])
+    assert (source.dataset_name, source.dataset_config_name) == (["ltg/norec_sentence"], ["binary"])
+    assert (sentiment.sentence1_column, sentiment.label_column) == ("review", "sentiment")
+    for name, tags in (("ud_upos", "upos"), ("norne", "labels")):
+        _, source, _, tagging, _ = script_options(tasks[name])
+        assert (tagging.tokens_column, tagging.tags_column) == ("tokens", tags) and source.train_file is None
+    fewshot, source = script_options(tasks["norec_sentence_fewshot"])
+    assert fewshot.prompt == "Tekst: {review}\nSentiment:" and fewshot.label_column == "sentiment"
+    assert json_.loads(fewshot.choices) == {"0": " negativ", "1": " positiv"} and fewshot.num_fewshot == 4
+    fewshot, source = script_options(tasks["nn_nb_fewshot"])  # the dataset's columns are the file's: nn, nb
+    assert (fewshot.prompt, fewshot.target, source.dataset_name) == ("Nynorsk: {nn}\nBokmål:", " {nb}",
+                                                                     ["NbAiLab/ndla_parallel_paragraphs"])
+    (bits,) = script_options(tasks["ud_bokmaal_bits_per_byte"])
+    assert (bits.dataset_split, bits.text_column, bits.validation_file) == ("validation", "text", None)
+    seq2seq = tasks["nn_nb"].argv()  # run_seq2seq.py's options are not declared here: its command line
+    assert seq2seq[seq2seq.index("--dataset_name") + 1] == "NbAiLab/ndla_parallel_paragraphs"
+    assert seq2seq[seq2seq.index("--max_train_samples") + 1] == "2000" and "--train_file" not in seq2seq
+
+
+def test_a_task_without_hub_dataset_needs_the_data_folder(tmp_path):
+    from flaxlm.errors import UserError
+    from flaxlm.tasks.suite.suite_file import read_suite
+    with pytest.raises(UserError, match=r"task sentiment of .* has no 'hub' mapping with a dataset_name, and there is "
+                                        r"no local data folder .*; pass --data_dir"):
+        read_suite(suite_file(tmp_path, [GOOD]), None)
+
+
+UPOS = ["NOUN", "PUNCT", "ADP", "VERB", "PRON", "PROPN"]
+TAGGED = [(["Han", "bor", "i", "Oslo", "."], [4, 3, 2, 5, 1]), (["Oslo", "er", "en", "by"], [5, 3, 4, 0]),
+          (["Hun", "bor", "i", "Bergen"], [4, 3, 2, 5]), (["Byen", "er", "fin", "."], [0, 3, 0, 1])]
+
+
+def hub_folder(root, config, splits, features):
+    """A folder laid out as a hub dataset repository (CONFIG/SPLIT-00000-of-00001.parquet and a README whose configs
+    name them, as ltg/norec_sentence's), which datasets.load_dataset(root, config) reads as it reads the hub's."""
+    import datasets
+    (root / config).mkdir(parents=True)
+    card = ["---", "configs:", f"- config_name: {config}", "  data_files:"]
+    for split, rows in splits.items():
+        datasets.Dataset.from_list(rows, features=features).to_parquet(str(root / config / f"{split}-00000-of-00001"
+                                                                                           f".parquet"))
+        card += [f"  - split: {split}", f"    path: {config}/{split}-*"]
+    (root / "README.md").write_text("\n".join([*card, "---", ""]))
+    return str(root)
+
+
+def test_suite_without_data_runs_the_hub_datasets(roberta, tmp_path, monkeypatch, capsys):
+    """No data folder: the tasks read their `hub` datasets through the scripts' --dataset_name (here local stand-ins:
+    a folder laid out as a hub repository, with tags as ClassLabel ids and its validation split named val as
+    EuroEval's are; a folder save_to_disk wrote, labels as ClassLabel ids), the class names in the predictions as
+    transformers' scripts name them, the baselines from the same splits."""
+    import datasets
+    from flaxlm.tasks.suite import suite_file as suite_module
+    tagged = hub_folder(tmp_path / "ud", "no_bokmaal", {
+        "train": [{"tokens": w, "upos": t} for w, t in TAGGED[:3] * 3], "val": [{"tokens": w, "upos": t}
+                                                                                for w, t in TAGGED[2:]]},
+        datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                           "upos": datasets.Sequence(datasets.ClassLabel(names=UPOS))}))
+    sentiment = datasets.Features({"review": datasets.Value("string"),
+                                   "sentiment": datasets.ClassLabel(names=["negative", "positive"])})
+    rows = [{"review": s, "sentiment": int(label == "pos")} for s, label in SENTENCES]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows * 4, features=sentiment),
+                          "validation": datasets.Dataset.from_list(rows, features=sentiment)}).save_to_disk(
+        str(tmp_path / "norec" / "binary"))
+    tasks = [{**GOOD, "hub": {"dataset_name": str(tmp_path / "norec"), "dataset_config_name": "binary",
+                              "sentence1_column": "review", "label_column": "sentiment"}},
+             {"name": "pos", "kind": "tagging", "train_file": "nowhere.conllu", "tag_column": "upos",
+              "hub": {"dataset_name": tagged, "dataset_config_name": "no_bokmaal", "tags_column": "upos"}}]
+    real = suite_module.suite_data_dir
+    monkeypatch.setattr(suite_module, "suite_data_dir", lambda d, _: real(d, str(tmp_path / "no-shared-data")))
+    monkeypatch.delenv("FLAXLM_DATA_DIR", raising=False)
+    out = tmp_path / "out"
+    evaluate_suite.main(["--model_name_or_path", roberta["encoder"], "--suite", suite_file(tmp_path, tasks),
+                         "--output_dir", str(out), "--max_steps", "2", "--bootstrap_resamples", "50"])
+    assert "each task loads its dataset from the Hugging Face hub" in capsys.readouterr().out
+    results = {r["task"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    assert not [r["error"] for r in results.values() if "error" in r]
+    lines = [line.split("\t") for line in (out / "sentiment" / "predictions_validation.tsv").read_text().splitlines()]
+    assert [r[2] for r in lines[1:]] == ["positive" if label == "pos" else "negative" for _, label in SENTENCES]
+    assert results["sentiment"]["baseline"] == pytest.approx(100 * 4 / 6)  # 'positive', the training majority
+    conll = scores.read_tagged_predictions(str(out / "pos" / "predictions_validation.conll"))
+    assert [[(w, g) for w, g, _ in s] for s in conll] == [[(w, UPOS[t]) for w, t in zip(*s)] for s in TAGGED[2:]]
+    assert results["pos"]["examples"] == 2 and results["pos"]["baseline"] is not None

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from flaxlm.errors import UserError
-from flaxlm.tokenization.trainers import train_bpe, train_wordpiece
+from flaxlm.tokenization.trainers import train_bpe, train_gpt2_bpe, train_wordpiece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = "Blåbærsyltetøy på Ålesund-brød, 3 stk.  Ærlig talt: «økonomi» og café!\tSlutt."
@@ -48,6 +48,23 @@ def test_bpe_is_roberta_and_reloads(tmp_path):
     assert back("hei", "du")["input_ids"] == a + [2] + b[1:]  # <s> A </s></s> B </s>
     assert back("hei <mask>")["input_ids"] == a[:-1] + [4, 2]  # the space went into <mask> (lstrip)
     assert back.tokenize("hei du")[1].startswith("Ġ")  # no prefix space added, GPT-2/RoBERTa style
+
+
+def test_gpt2_bpe_is_gpt2s_and_adds_nothing(tmp_path):
+    """A decoder's tokenizer: GPT2Tokenizer, <|endoftext|> as bos, eos and unk, nothing added around a text (a
+    RoBERTa tokenizer on a GPT-2 would frame every text in <s> ... </s>), lossless, and so after reloading."""
+    lines = norwegian()
+    tok = train_gpt2_bpe(iter(lines), vocab_size=300, total=len(lines))
+    tok.save_pretrained(str(tmp_path))
+    back = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(back).__name__ == "GPT2Tokenizer" and len(back) == 300 and back.model_max_length == 1024
+    assert back.bos_token == back.eos_token == back.unk_token == "<|endoftext|>" and back.eos_token_id == 0
+    assert back.pad_token is None and "<s>" not in back.get_vocab()
+    for text in [SAMPLE, "Hei på deg"] + lines[:50:5]:
+        ids = back(text)["input_ids"]
+        assert ids == back(text, add_special_tokens=False)["input_ids"] == tok(text)["input_ids"]
+        assert 0 not in ids and back.decode(ids) == text
+    assert back.tokenize("hei du")[1].startswith("Ġ")  # no prefix space added, as GPT-2
 
 
 def test_bpe_on_real_text_is_lossless(tmp_path, shared_data):

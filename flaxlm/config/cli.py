@@ -25,7 +25,7 @@ import typing
 import yaml
 
 from flaxlm import secrets
-from flaxlm.config.options import declared_fields
+from flaxlm.config.options import declared_fields, script_fields
 from flaxlm.errors import UserError
 
 SCRIPT_SECTIONS = ("train_tokenizer", "create_config", "run_mlm_flax", "run_t5_mlm_flax", "run_clm_flax",
@@ -81,20 +81,43 @@ def _to_bool(value):
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def _fields(groups):
-    for group in groups:
-        for f in dataclasses.fields(group):
-            yield f
+def _help(field):
+    """The option's help with its default, "(default: X)" as argparse's ArgumentDefaultsHelpFormatter writes it, where
+    it has one (not None) that the help does not already state. Flags give no argparse default (a config file's
+    value must not be overwritten by it), so the formatter cannot."""
+    text = field.metadata.get("help", "")
+    default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+    if default is None or default is dataclasses.MISSING or "default" in text.lower():
+        return text
+    shown = " ".join(_shown(v) for v in default) if isinstance(default, list) else _shown(default)
+    return f"{text} (default: {shown})".lstrip().replace("%", "%%")  # argparse %-formats help
+
+
+def _shown(value):
+    """A default as it is written on a command line: true/false, a string quoted where it is empty or has spaces."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and (not value or not value.isprintable() or any(c.isspace() for c in value)):
+        return repr(value)
+    return str(value)
+
+
+def _all_fields(groups):
+    return [f for group in groups for f in dataclasses.fields(group)]
 
 
 def _build_parser(groups, prog, description, config_file_help):
-    parser = _Parser(prog=prog, description=description, allow_abbrev=False,
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     parser.add_argument("--config_file", action="append", default=[], metavar="YAML", help=config_file_help)
-    for f in _fields(groups):
+    read = script_fields(groups, os.path.basename(prog))
+    taken = {name for f in read for name in f.metadata.get("aliases", ())}
+    # The options the script does not read stay on its command line, unlisted (Hugging Face's command lines pass
+    # them; parse_args says they are ignored), unless a read option has their flag as an alias.
+    unread = [f for f in _all_fields(groups) if f not in read and f"--{f.name}" not in taken]
+    for f in read + unread:
         scalar, is_list = _base_type(f.type)
         names = [f"--{f.name}"] + list(f.metadata.get("aliases", ()))
-        kw = dict(dest=f.name, help=f.metadata.get("help", ""), default=argparse.SUPPRESS)
+        kw = dict(dest=f.name, help=_help(f) if f in read else argparse.SUPPRESS, default=argparse.SUPPRESS)
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
         if scalar is bool:
@@ -217,10 +240,17 @@ def parse_flags(groups, argv=None, prog=None, description=None, config_file_help
 
 
 def parse_args(*groups, argv=None, prog=None, description=None):
-    """Parse flags and --config_file yaml into one instance per option dataclass, in order."""
+    """Parse flags and --config_file yaml into one instance per option dataclass, in order. The options of the
+    groups that the script (prog) does not read (options.LEFT_OUT) are not listed in --help and keep their defaults;
+    given on the command line (an old Hugging Face command), one line says they are ignored."""
     prog = prog or os.path.basename(sys.argv[0])
     flags, config_files = parse_flags(groups, argv, prog, description)
-    fields = {f.name: f for f in _fields(groups)}
+    fields = {f.name: f for f in script_fields(groups, os.path.basename(prog))}
+    ignored = [name for name in flags if name not in fields]
+    if ignored:
+        print(f"note: {prog} does not use {', '.join('--' + n for n in ignored)} (taken for Hugging Face's command "
+              f"lines, ignored)", flush=True)
+        flags = {name: value for name, value in flags.items() if name in fields}
     values = {}
     for path in config_files:
         values.update(_recipe_options(path, fields, os.path.splitext(prog)[0]))
@@ -245,11 +275,13 @@ def parsed_prog():
 
 
 def parsed_options():
-    """{option: value} of this process's latest parse_args (the script now running), secrets (tokens) left out."""
+    """{option: value} of this process's latest parse_args (the script now running), secrets (tokens) and the
+    options the script does not read left out."""
+    read = {f.name for f in script_fields([type(group) for group in _PARSED], parsed_prog())}
     out = {}
     for group in _PARSED:
         for f in dataclasses.fields(group):
-            if not secrets.is_secret(f.name):
+            if f.name in read and not secrets.is_secret(f.name):
                 out.setdefault(f.name, getattr(group, f.name))
     return out
 

@@ -11,7 +11,7 @@ import difflib
 from flaxlm.config.experiments import DRIVER_READ, config_class
 from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, DPOArgs, LoraArgs, MaskedLMArgs, ModelArgs,
                                    PreparedDataArgs, QuestionAnsweringArgs, SentencePredictionArgs, SFTArgs,
-                                   SpanCorruptionArgs, TextSourceArgs, TrainingArgs)
+                                   SpanCorruptionArgs, TextSourceArgs, TrainingArgs, script_fields)
 from flaxlm.errors import UserError
 
 # What each --mode sets of the options train.py owns (their set_by is --mode).
@@ -35,7 +35,7 @@ class Experiment:
     def config_class(self):
         """The typed config of this experiment (one class per experiment: its instances compare equal)."""
         if self.name not in _CLASSES:
-            fields = [f for g in self.groups for f in dataclasses.fields(g)]
+            fields = script_fields(self.groups, self.script)  # less the options the script does not read
             fields += [f for f in dataclasses.fields(ConfigArgs) if f.name in DRIVER_READ]
             _CLASSES[self.name] = config_class(self.name, fields, self.defaults)
         return _CLASSES[self.name]

@@ -44,12 +44,9 @@ class ModelLoadingArgs:
     """The model and tokenizer a script loads and the dtype it computes in: the training scripts' (ModelArgs) and
     generate.py's (GenerateArgs)."""
     model_name_or_path: str | None = option(key="task.model.model_name_or_path",
-                                            help="Hugging Face model directory (or hub name) to start from; omit to "
-                                                 "train from scratch with --config_name (generate.py: the causal LM, "
-                                                 "config.json + model.safetensors)")
+                                            help="Hugging Face model directory: config.json and safetensors weights")
     tokenizer_name: str | None = option(key="task.model.tokenizer_name",
-                                        help="directory (or hub name) holding the tokenizer (default: "
-                                             "--model_name_or_path)")
+                                        help="directory holding the tokenizer (default: --model_name_or_path)")
     dtype: str = option("float32", choices=DTYPES, key="task.model.dtype",
                         help="compute dtype; parameters stay float32 unless --param_dtype says otherwise (bfloat16 "
                              "is the fast choice on TPU/GPU)")
@@ -57,6 +54,14 @@ class ModelLoadingArgs:
 
 @dataclass
 class ModelArgs(ModelLoadingArgs):
+    """The training scripts' model: a checkpoint to start from (a hub name too), or a new one (--config_name,
+    --model_type)."""
+    model_name_or_path: str | None = option(key="task.model.model_name_or_path",
+                                            help="Hugging Face model directory (or hub name) to start from; omit to "
+                                                 "train from scratch with --config_name")
+    tokenizer_name: str | None = option(key="task.model.tokenizer_name",
+                                        help="directory (or hub name) holding the tokenizer (default: "
+                                             "--model_name_or_path)")
     model_type: str | None = option(key="task.model.model_type",
                                     help="model family (bert, roberta, xlm-roberta, camembert, electra, deberta-v2, "
                                          "modernbert, t5, mt5, umt5, gpt2, opt, llama, mistral, qwen2, qwen3, gemma, "
@@ -373,16 +378,19 @@ class TrainingArgs(MultiHostArgs):
 @dataclass
 class TokenizerArgs:
     output_dir: str = required(help="directory to save the tokenizer in (the model directory)")
-    type: str = option("bpe", choices=("bpe", "wordpiece", "unigram", "xlmr-unigram", "byte"),
-                       help="byte-level BPE (RoBERTa/GPT-2), WordPiece (BERT), Unigram (T5), Unigram as XLM-RoBERTa "
-                            "has it (<s> <pad> </s> <unk> first, <mask> last; loads as XLMRobertaTokenizer) or byte "
-                            "(ByT5: UTF-8 bytes, nothing to train)")
+    type: str = option("bpe", choices=("bpe", "gpt2", "wordpiece", "unigram", "xlmr-unigram", "byte"),
+                       help="bpe: byte-level BPE as RoBERTa has it, for encoders (<s> text </s>); gpt2: byte-level "
+                            "BPE as GPT-2 has it, for decoders (<|endoftext|> its one special token, nothing added "
+                            "around a text); wordpiece (BERT); unigram (T5); xlmr-unigram: Unigram as XLM-RoBERTa has "
+                            "it (<s> <pad> </s> <unk> first, <mask> last; loads as XLMRobertaTokenizer); byte (ByT5: "
+                            "UTF-8 bytes, nothing to train)")
     vocab_size: int | None = option(minimum=1,
-                                    help="vocabulary size (default: 50265 bpe, 30522 wordpiece, 32000 unigram and "
-                                         "xlmr-unigram)")
+                                    help="vocabulary size (default: 50265 bpe, 50257 gpt2, 30522 wordpiece, 32000 "
+                                         "unigram and xlmr-unigram)")
     min_frequency: int = option(2, minimum=0, help="minimum count for a merge / token")
     lowercase: bool | None = option(help="lowercase the text (default: on for wordpiece, off otherwise)")
-    model_max_length: int = option(512, minimum=1, help="longest sequence the tokenizer is saved for")
+    model_max_length: int | None = option(minimum=1, help="longest sequence the tokenizer is saved for (default: 1024 "
+                                                          "gpt2, 512 otherwise)")
     max_train_samples: int | None = option(minimum=1, help="train on at most this many texts")
     overwrite_output_dir: bool = option(False, help="replace tokenizer files already in output_dir")
 
@@ -521,9 +529,10 @@ class TokenClassificationArgs:
                              help="CoNLL-U files: the column of the tags: upos, xpos, or misc:KEY for KEY=tag in "
                                   "MISC (NorNE's entities: misc:name)")
     tokens_column: str = option("tokens", key="task.token_classification.tokens_column",
-                                help="JSON lines: the key of each sentence's list of words")
+                                help="JSON lines or --dataset_name: the key of each sentence's list of words")
     tags_column: str = option("tags", key="task.token_classification.tags_column",
-                              help="JSON lines: the key of each sentence's list of tags (one per word)")
+                              help="JSON lines or --dataset_name: the key of each sentence's list of tags (one "
+                                   "per word; ClassLabel ids: their names)")
     label_all_tokens: bool = option(False, key="task.token_classification.label_all_tokens",
                                     help="train on every sub-token of a word (B-X becomes I-X after the first), "
                                          "not only its first; predictions are read at the first either way")
@@ -580,10 +589,10 @@ class ChatArgs:
                                        help="the chat template conversations are rendered with: the tokenizer's own "
                                             "(default), chatml, or a jinja template file; the export's tokenizer "
                                             "keeps it")
-    max_length: int | None = option(minimum=2, key="task.chat.max_length",
-                                    help="tokens of a training sequence (TRL's max_length; longer ones are cut from "
-                                         "their end; default: the tokenizer's model_max_length, at most 1024 and the "
-                                         "model's positions)")
+    max_length: int | None = option(minimum=2, aliases=("--max_seq_length",), key="task.chat.max_length",
+                                    help="tokens of a training sequence (TRL's max_length, max_seq_length in older "
+                                         "TRL; longer ones are cut from their end; default: the tokenizer's "
+                                         "model_max_length, at most 1024 and the model's positions)")
 
 
 @dataclass
@@ -637,6 +646,12 @@ class LoraArgs:
     lora_adapter: str | None = option(key="task.lora.adapter",
                                       help="continue training the adapter in this directory (a LoRA run's export) on "
                                            "--model_name_or_path")
+    lora_trainable_tokens: list[int] | None = option(key="task.lora.trainable_tokens",
+                                                     help="token ids whose embedding (and untied LM head) rows train "
+                                                          "with the adapters (PEFT's trainable_token_indices); the "
+                                                          "tokens a chat template adds always do")
+    merge_dtype: str | None = option(choices=DTYPES, key="task.lora.merge_dtype",
+                                     help="the dtype of --merge_lora's export (default: the base checkpoint's)")
 
 
 EXPERIMENT_MODES = ("train", "eval", "train_and_eval", "continuous_eval")
@@ -656,6 +671,30 @@ class DriverArgs:
         help="dotted key=value pairs, comma-separated (trainer.optimizer.learning_rate=2e-5,task.data.max_seq_length"
              "=128), or a yaml/json mapping; repeatable; wins over the config files")
     print_config: bool = option(False, help="print the resolved config (each key with its flag) and exit")
+
+
+# The options of a script's groups that the script never reads, by script (its file name less .py): its --help does
+# not list them, its command line and its section of a config file refuse them, train.py's config for it has no key
+# for them, and its instances of the groups keep their defaults. The fine-tuning scripts hold their examples in
+# memory (no `datasets` tokenization to spread over processes or cache, no masking); the chat scripts' length is
+# --max_length (--max_seq_length its alias) and they read TRL's columns of a train and a validation split.
+_IN_MEMORY = ("preprocessing_num_workers", "overwrite_cache", "mlm_probability")
+_CHAT = (*_IN_MEMORY, "max_seq_length", "pad_to_max_length", "text_column", "test_file", "do_predict")
+LEFT_OUT = {
+    "run_clm_flax": ("mlm_probability", "pad_to_max_length"),
+    "run_classification": _IN_MEMORY,
+    "run_token_classification": (*_IN_MEMORY, "text_column"),
+    "run_qa": (*_IN_MEMORY, "validation_split_percentage", "dataset_config_name", "text_column", "cache_dir"),
+    "run_seq2seq": (*_IN_MEMORY, "max_seq_length", "pad_to_max_length"),
+    "run_sft": _CHAT,
+    "run_dpo": _CHAT,
+}
+
+
+def script_fields(groups, script=None):
+    """The fields of the option groups that `script` (run_sft, or run_sft.py) reads: all but its LEFT_OUT."""
+    left_out = LEFT_OUT.get(str(script).removesuffix(".py"), ())
+    return [f for g in groups for f in dataclasses.fields(g) if f.name not in left_out]
 
 
 def declared_fields():
@@ -692,7 +731,8 @@ class SuiteArgs:
     suite: str = required(help="the suite's yaml file: its tasks, their files and flags (configs/suites/)")
     output_dir: str = required(help="directory for each task's run (OUTPUT_DIR/<task>) and results.json / .md")
     data_dir: str | None = option(help="folder the suite's file paths are relative to (default: $FLAXLM_DATA_DIR, "
-                                       "else ../shared/data from the scripts' folder)")
+                                       "else ../shared/data from the scripts' folder if it exists, else each "
+                                       "task's dataset on the Hugging Face hub)")
     tasks: list[str] | None = option(help="run only these tasks of the suite (by name)")
     max_steps: int | None = option(minimum=1, help="train every task this many steps (quick runs; overrides the "
                                                    "suite's epochs)")

@@ -10,7 +10,8 @@ includes the turn's end marker); a text prompt's completion, eos appended, after
 a text, eos appended; with train_on_prompt, every token. Packing lays whole examples into rows best-fit decreasing (as
 TRL's 'bfd'), each with its own segment id and positions from 0, so none attends to another (the
 --separate_documents machinery). An example longer than a row is cut to it (long="truncate", TRL's) or left out
-(long="drop"); report counts them and the trained tokens.
+(long="drop"); report counts them, the cut examples left without a trained token (their whole answer past the
+cut: left out) and the trained tokens.
 """
 import bisect
 
@@ -74,10 +75,12 @@ def best_fit(lengths_S, max_len):
 
 def sft_rows(seqs, max_len, pad_id, packing=True, long="truncate"):
     """({"input_ids", "trained", "segment_ids", "positions": int32 [N, max_len]}, {"examples", "cut", "dropped",
-    "trained_tokens", "tokens"}) of (ids, trained) sequences."""
+    "answer_cut", "trained_tokens", "tokens"}) of (ids, trained) sequences. answer_cut: the cut examples whose
+    trained tokens all lay past the cut, left out (counted in cut too)."""
     cut = sum(len(ids) > max_len for ids, _ in seqs)
     if long == "drop":
         seqs = [s for s in seqs if len(s[0]) <= max_len]
+    answer_cut = sum(any(mask[1:]) and not any(mask[1:max_len]) for _, mask in seqs)
     seqs = [(ids[:max_len], mask[:max_len]) for ids, mask in seqs]
     seqs = [s for s in seqs if any(s[1][1:])]  # something to predict (the first token never is)
     if not seqs:
@@ -91,9 +94,24 @@ def sft_rows(seqs, max_len, pad_id, packing=True, long="truncate"):
     positions_NL, _ = fill_rows([list(range(n)) for n in (len(x) for x in ids)], row_S[order], start_S[order],
                                 max_len, 0)
     report = {"examples": len(seqs), "cut": 0 if long == "drop" else cut, "dropped": cut if long == "drop" else 0,
-              "trained_tokens": int(sum(sum(m[1:]) for _, m in seqs)), "tokens": int(sum(lengths))}
+              "answer_cut": answer_cut, "trained_tokens": int(sum(sum(m[1:]) for _, m in seqs)),
+              "tokens": int(sum(lengths))}
     return {"input_ids": ids_NL, "trained": trained_NL, "segment_ids": segment_ids_NL,
             "positions": positions_NL}, report
+
+
+def report_line(split, report, num_rows, max_len):
+    """The line run_sft.py prints of one split's sft_rows report: examples, rows, tokens trained on, and the long
+    examples cut (those that lost their whole answer with it) or left out."""
+    long = ""
+    if report["cut"]:
+        lost = report["answer_cut"]
+        long = (f"; {report['cut']} longer than {max_len} cut to it"
+                + (f", {lost} of them losing their whole answer (left out)" if lost else ""))
+    elif report["dropped"]:
+        long = f"; {report['dropped']} longer than {max_len} left out"
+    return (f"{split}: {report['examples']} examples in {num_rows} rows of {max_len}, {report['trained_tokens']} of "
+            f"{report['tokens']} tokens trained on{long}")
 
 
 def placeholder_rows(max_len, vocab_size, n=8):

@@ -128,6 +128,43 @@ def _lines_path(out_dir, job):
     return os.path.join(out_dir, f"lines-train-{job:03d}.json")
 
 
+def settings_changed(before, now):
+    """What differs between two plans (start_or_continue's `about`), in words, each naming what changed: a setting
+    (rows: length 512 -> 1024), a source file added, gone or changed (sources: --validation_file v.txt added), or the
+    job count (workers x processes). The jobs' ranges follow from the sources, so they are named only when nothing
+    else explains them."""
+    said = []
+    for part in sorted((set(before) | set(now)) - {"sources", "jobs"}):
+        old, new = _leaves(before.get(part)), _leaves(now.get(part))
+        said += [f"{part}: {key or part} {old.get(key)} -> {new.get(key)}"
+                 for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    old, new = ({s.get("path") or s.get("dataset"): s for s in plan.get("sources", [])} for plan in (before, now))
+    for name in sorted(set(old) | set(new)):
+        what = f"--{(new.get(name) or old.get(name)).get('flag', 'dataset_name')} {name}"
+        if name not in old or name not in new:
+            said.append(f"sources: {what} {'added' if name in new else 'no longer given'}")
+        elif old[name] != new[name]:
+            said.append(f"sources: {what} changed since (its size or modification time)")
+    jobs_before, jobs_now = before.get("jobs", {}), now.get("jobs", {})
+    counts = ({split: len(ranges) for split, ranges in jobs.items()} for jobs in (jobs_before, jobs_now))
+    counts_before, counts_now = counts
+    if counts_before != counts_now and set(counts_before) == set(counts_now):
+        said.append(f"jobs: {counts_before} -> {counts_now} per split (--preprocessing_num_workers x processes)")
+    elif jobs_before != jobs_now and not said:
+        said.append("jobs: the text's ranges (the source text changed)")
+    return said or ["the plan file differs"]
+
+
+def _leaves(value, prefix=""):
+    """{dotted key: value} of a nested mapping's leaves ({"": value} for a leaf)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out = {}
+    for key, inner in value.items():
+        out.update(_leaves(inner, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
 def check_output_dir(out_dir):
     """UserError when out_dir holds files but no preparation (nothing of the user's is overwritten)."""
     if os.path.isfile(out_dir):
@@ -174,10 +211,8 @@ def start_or_continue(out_dir, about, write=True):
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
         if before != about:
-            changed = sorted(k for k in set(before) | set(about) if before.get(k) != about.get(k))
-            raise UserError(f"--output_dir {out_dir} holds rows prepared with other settings (they differ in "
-                            f"{', '.join(changed)}: a source file changed, or another tokenizer, length, objective "
-                            f"or job count, which is workers x processes); pass a new --output_dir, or the settings "
+            raise UserError(f"--output_dir {out_dir} holds rows prepared with other settings ("
+                            f"{'; '.join(settings_changed(before, about))}); pass a new --output_dir, or the settings "
                             f"it was made with")
         return
     check_output_dir(out_dir)

@@ -10,6 +10,7 @@ UTF-8 errors name the file and line). Every example is kept, in file order, so r
 """
 import dataclasses
 
+import datasets
 import numpy as np
 
 from flaxlm.data import text as data
@@ -67,7 +68,7 @@ def _read_splits(source, include_test):
     """({split: Dataset with every column}, {split: where}) from the files or the dataset name."""
     where = {}
     if source.dataset_name:
-        splits = data.load_hub(source)
+        splits = {split: class_names(ds) for split, ds in data.load_hub(source).items()}
         where = {s: f"dataset {data.one_dataset(source)[0]} ({s})" for s in splits}
     else:
         splits = {"train": data.load_files(source.train_file, "--train_file", source)}
@@ -87,6 +88,21 @@ def _read_splits(source, include_test):
         if len(ds) == 0:
             raise UserError(f"{where[split]} holds no examples; pass a file with examples")
     return splits, where
+
+
+def class_names(ds):
+    """The dataset with each ClassLabel column's ids as their class names (-1, no label: None), as transformers'
+    example scripts name a hub dataset's classes; a dataset without one as it is."""
+    named = {c: f for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
+    if not named:
+        return ds
+    features = datasets.Features({c: datasets.Value("string") if c in named else f for c, f in ds.features.items()})
+    return ds.map(_names_of_ids, batched=True, features=features, fn_kwargs={"named": named},
+                  desc="class names")
+
+
+def _names_of_ids(batch, named):
+    return {c: [f.int2str(int(v)) if v is not None and v >= 0 else None for v in batch[c]] for c, f in named.items()}
 
 
 def _examples(ds, task, where, labeled):

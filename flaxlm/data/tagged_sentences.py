@@ -1,6 +1,7 @@
-"""Token-classification data: sentences of words, each word with a tag, from CoNLL-U files (flaxlm.data.conllu)
-or JSON lines ({"tokens": [...], "tags": [...]}, column names set by --tokens_column / --tags_column), split into
-train / validation (/ test), and the tag names the classifier predicts.
+"""Token-classification data: sentences of words, each word with a tag, from CoNLL-U files (flaxlm.data.conllu),
+JSON lines ({"tokens": [...], "tags": [...]}, column names set by --tokens_column / --tags_column) or a `datasets`
+dataset with such columns (--dataset_name), split into train / validation (/ test), and the tag names the classifier
+predicts.
 
     splits = load_sentences(source, args, validation_split_percentage=10, seed=42)   # {split: Sentences}
     names = tag_names(splits, existing=None)                                           # the classifier's labels
@@ -31,25 +32,55 @@ class Sentences:
 def load_sentences(source, args, validation_split_percentage, seed, include_test=False, max_train_samples=None,
                    max_eval_samples=None):
     """{"train", "validation"[, "test"]: Sentences} from --train_file / --validation_file / --test_file (CoNLL-U or
-    JSON lines; args: TokenClassificationArgs). Without a validation file, validation_split_percentage % of the
-    training sentences are held out (seeded). The test split may be unlabeled."""
-    if source.dataset_name or not source.train_file:
-        raise UserError("token classification reads files: pass --train_file FILE (CoNLL-U .conllu, or JSON lines "
-                        ".jsonl with tokens and tags)")
-    out = {"train": _read(source.train_file, "--train_file", args, labeled=True)}
+    JSON lines; args: TokenClassificationArgs), or from the splits of --dataset_name (words in --tokens_column, tags
+    in --tags_column). Without validation sentences, validation_split_percentage % of the training sentences are
+    held out (seeded). The test split may be unlabeled."""
+    if source.dataset_name and source.train_file:
+        raise UserError("pass either --dataset_name or --train_file, not both")
+    if not (source.dataset_name or source.train_file):
+        raise UserError("no training sentences: pass --train_file FILE (CoNLL-U .conllu, or JSON lines .jsonl with "
+                        "tokens and tags) or --dataset_name NAME (a column of words, one of tags)")
+    hub = hub_sentences(source, args) if source.dataset_name else {}
+    out = {"train": hub.get("train") or _read(source.train_file, "--train_file", args, labeled=True)}
     if source.validation_file:
         out["validation"] = _read(source.validation_file, "--validation_file", args, labeled=True)
+    elif "validation" in hub:
+        out["validation"] = hub["validation"]
     elif not validation_split_percentage:
         raise UserError(f"no validation sentences: pass --validation_file FILE, or a --validation_split_percentage "
                         f"above 0 to hold some of {out['train'].where} out")
     else:
         out["train"], out["validation"] = hold_out(out["train"], validation_split_percentage, seed)
     if include_test:
-        if not source.test_file:
+        if not (source.test_file or "test" in hub):
             raise UserError("--do_predict predicts the test sentences but there are none; pass --test_file FILE")
-        out["test"] = _read(source.test_file, "--test_file", args, labeled=False)
+        out["test"] = _read(source.test_file, "--test_file", args, labeled=False) if source.test_file else hub["test"]
     limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
     return {split: _first(s, limits[split]) for split, s in out.items()}
+
+
+def hub_sentences(source, args):
+    """{split: Sentences} of --dataset_name: each row's words in --tokens_column, its tags in --tags_column (a
+    sequence of class ids: their ClassLabel names, as transformers' run_ner.py reads a hub dataset's tags)."""
+    from flaxlm.data import text
+    name = text.one_dataset(source)[0]
+    out = {}
+    for split, ds in text.load_hub(source).items():
+        where = f"dataset {name} ({split})"
+        for flag, column, what in (("--tokens_column", args.tokens_column, "words"),
+                                   ("--tags_column", args.tags_column, "tags")):
+            if column not in ds.column_names:
+                raise UserError(f"{where} has no column '{column}' (columns: {', '.join(ds.column_names)}); pass "
+                                f"{flag} with the column that holds each sentence's {what}")
+        names = getattr(getattr(ds.features[args.tags_column], "feature", None), "names", None)  # ClassLabel's
+        words, tags = ds[args.tokens_column], ds[args.tags_column]
+        for i, (ws, ts) in enumerate(zip(words, tags)):
+            if not (isinstance(ws, list) and ws and isinstance(ts, list) and len(ts) == len(ws)):
+                raise UserError(f"row {i} of {where} has no list of words in '{args.tokens_column}' with one tag per "
+                                f"word in '{args.tags_column}'; pass the columns that hold them")
+        tags = [[names[t] if names and t >= 0 else str(t) for t in ts] for ts in tags]
+        out[split] = Sentences(where, [[str(w) for w in ws] for ws in words], tags)
+    return out
 
 
 def hold_out(sentences, percentage, seed):

@@ -240,19 +240,41 @@ def one_dataset(src):
     return named[0]
 
 
+SPLIT_ALIASES = {"val": "validation", "dev": "validation"}  # EuroEval's datasets name their validation split val
+
+
 def load_hub(src):
-    """{split: dataset} of --dataset_name / --dataset_config_name (one dataset) through `datasets`."""
+    """{split: dataset} of --dataset_name / --dataset_config_name (one dataset) through `datasets`: a hub name, a
+    folder laid out as a hub dataset (its data files, its README's configs), or a folder `save_to_disk` wrote
+    (FOLDER/CONFIG when --dataset_config_name names a subfolder). A split named val or dev is the validation split."""
     name, config = one_dataset(src)
     try:
-        splits = datasets.load_dataset(name, config, cache_dir=src.cache_dir, streaming=src.streaming,
-                                      **_arrow_batches(src))
+        saved = _saved_to_disk(name, config)
+        if saved:
+            splits = datasets.load_from_disk(saved)
+            splits = {"train": splits} if isinstance(splits, datasets.Dataset) else dict(splits)
+            if src.streaming:
+                splits = {k: v.to_iterable_dataset() for k, v in splits.items()}
+        else:
+            splits = datasets.load_dataset(name, config, cache_dir=src.cache_dir, streaming=src.streaming,
+                                          **_arrow_batches(src))
     except Exception as e:  # offline, unknown name, missing config, ...
         raise UserError(f"could not load dataset {name} ({_first_line(e)}); "
                         f"check the name and your network, or pass --train_file") from None
+    splits = {(k if k in ("train", "validation", "test") or SPLIT_ALIASES.get(k) in splits else
+               SPLIT_ALIASES.get(k, k)): v for k, v in splits.items()}
     if "train" not in splits:
         raise UserError(f"dataset {name} has no 'train' split (it has {', '.join(splits)}); "
                         f"pass --train_file instead")
     return {k: splits[k] for k in ("train", "validation", "test") if k in splits}
+
+
+def _saved_to_disk(name, config):
+    """The folder of a dataset `save_to_disk` wrote that --dataset_name (/ its config subfolder) names, else None."""
+    for path in ([os.path.join(name, config)] if config else []) + [name]:
+        if any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json")):
+            return path
+    return None
 
 
 def _first_line(e):

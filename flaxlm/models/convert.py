@@ -132,6 +132,13 @@ def _matched(config, tensors, init_params, seed, task):
     return expected, tensors
 
 
+def hf_tensors(config, tensors):
+    """{Hugging Face name: tensor} of config's pretraining model from a checkpoint's tensors, under the names its name
+    map writes (normalized and checked as the loader does), each as the file holds it (its dtype; a
+    hf_io.LazyTensor is read only when asked)."""
+    return _matched(config, tensors, None, 0, None)[1]
+
+
 def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
     """{Hugging Face tensor name: array} -> our params (nested dict of float32 numpy arrays), for the family's
     pretraining model (task None) or a fine-tuning task's model (a Head of the family).

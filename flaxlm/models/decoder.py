@@ -9,7 +9,7 @@ itself and the LM head. Every causal-LM model has the same interface:
 from flax import nnx
 
 from flaxlm.models import kv_cache
-from flaxlm.models.layers import LMHead, fold_key, lora_dropout_key
+from flaxlm.models.layers import LMHead, fold_key, lora_dropout_key, with_token_rows
 
 LORA_KEYS = 7919  # the adapters' dropout keys: the dropout key folded with this, then the layer's index
 
@@ -51,6 +51,7 @@ class CausalLM(nnx.Module):
         return out if cache is None else (out, cache)
 
     def head(self):
-        """The LM head: the token embeddings (tied) or lm_head's kernel."""
-        return LMHead(self.embed.embedding[...] if self.tied else self.lm_head.kernel[...], self.tied, self.dtype,
-                      softcap=getattr(self, "logit_softcap", None))
+        """The LM head: the token embeddings (tied) or lm_head's kernel, with their trained token rows (LoRA's)."""
+        weight = (with_token_rows(self.embed, self.embed.embedding[...]) if self.tied
+                  else with_token_rows(self.lm_head, self.lm_head.kernel[...], axis=1))
+        return LMHead(weight, self.tied, self.dtype, softcap=getattr(self, "logit_softcap", None))

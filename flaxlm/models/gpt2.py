@@ -128,11 +128,14 @@ def _shape(width, layers, heads):
     return dict(n_embd=width, n_layer=layers, n_head=heads)
 
 
+# The small vocabularies end with <|endoftext|> as GPT-2's does (a tokenizer's ids replace these).
 PRESETS = {
     "gpt2": {**_GPT2, **_shape(768, 12, 12)},
     "gpt2-medium": {**_GPT2, **_shape(1024, 24, 16)},
-    "gpt2-small": {**_GPT2, **_shape(128, 4, 4), "vocab_size": 8192, "n_positions": 256},
-    "gpt2-tiny": {**_GPT2, **_shape(64, 2, 2), "vocab_size": 1024, "n_positions": 256},
+    "gpt2-small": {**_GPT2, **_shape(128, 4, 4), "vocab_size": 8192, "bos_token_id": 8191, "eos_token_id": 8191,
+                   "n_positions": 256},
+    "gpt2-tiny": {**_GPT2, **_shape(64, 2, 2), "vocab_size": 1024, "bos_token_id": 1023, "eos_token_id": 1023,
+                  "n_positions": 256},
 }
 
 GPT2 = Family(model_type="gpt2", name="GPT-2", model=GPT2LMHeadModel, tensor_names=tensor_names, normalize=normalize,

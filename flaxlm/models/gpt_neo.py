@@ -154,7 +154,7 @@ PRESETS = {
     "gpt-neo-125m": {**_GPT_NEO, **_shape(768, 12, 12)},
     "gpt-neo-1.3b": {**_GPT_NEO, **_shape(2048, 24, 16)},
     "gpt_neo-tiny": {**_GPT_NEO, **_shape(64, 2, 4), "vocab_size": 1024, "max_position_embeddings": 256,
-                     "window_size": 16},
+                     "window_size": 16, "bos_token_id": 1023, "eos_token_id": 1023},  # <|endoftext|> last, as GPT-2's
 }
 
 GPT_NEO = Family(model_type="gpt_neo", name="GPT-Neo", model=GPTNeoForCausalLM, tensor_names=tensor_names,

@@ -22,7 +22,7 @@ from flaxlm.models.decoder import CausalLM
 from flaxlm.models.family import Family, add_linear, add_norm, config_ties, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import (LMHead, LayerNorm, activation, attention, compute_dtype, dense, dropout, embed,
-                                  fold_key)
+                                  fold_key, with_token_rows)
 from flaxlm.models.llama import fused_dense, inverse_frequencies
 
 
@@ -127,7 +127,8 @@ class GPTJForCausalLM(CausalLM):
 
     def head(self):
         """The LM head with its bias: the token embeddings (tied) or lm_head's kernel."""
-        weight = self.embed.embedding[...] if self.tied else self.lm_head.kernel[...]
+        weight = (with_token_rows(self.embed, self.embed.embedding[...]) if self.tied
+                  else with_token_rows(self.lm_head, self.lm_head.kernel[...], axis=1))
         return LMHead(weight, self.tied, self.dtype, bias=self.lm_head.bias[...])
 
 
@@ -170,7 +171,8 @@ def _shape(width, layers, heads, rotary_dim):
 
 PRESETS = {
     "gpt-j-6b": {**_GPTJ, **_shape(4096, 28, 16, 64)},
-    "gptj-tiny": {**_GPTJ, **_shape(64, 2, 4, 8), "vocab_size": 1024, "n_positions": 256},
+    "gptj-tiny": {**_GPTJ, **_shape(64, 2, 4, 8), "vocab_size": 1024, "n_positions": 256,
+                  "bos_token_id": 1023, "eos_token_id": 1023},  # <|endoftext|> last, as GPT-2's
 }
 
 GPTJ = Family(model_type="gptj", name="GPT-J", model=GPTJForCausalLM, tensor_names=tensor_names, normalize=normalize,

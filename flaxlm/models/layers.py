@@ -134,12 +134,15 @@ def dense(d_in, d_out, dtype, std, rngs, use_bias=True, cutoff=None):
 
 class Dense(nnx.Linear):
     """nnx.Linear that may carry a LoRA adapter (flaxlm.models.lora): lora_a [in, r], lora_b [r, out] and
-    lora_scale (alpha / r); its output is then x W + b + lora_scale * dropout(x) lora_a lora_b, as PEFT computes it."""
+    lora_scale (alpha / r); its output is then x W + b + lora_scale * dropout(x) lora_a lora_b, as PEFT computes it.
+    An untied LM head may also carry trained token rows (token_ids, token_delta: with_token_rows)."""
     lora_a = None
     lora_b = None
     lora_scale = 0.0
     lora_dropout = 0.0
     lora_site = 0  # which adapter of its layer it is: its dropout mask's own key
+    token_ids = ()  # the vocabulary rows (kernel columns) token_delta [n, in] adds to
+    token_delta = None
 
     def __call__(self, inputs):
         y = super().__call__(inputs)
@@ -165,6 +168,37 @@ def lora_output(lin, x):
     x = dropout(x, lin.lora_dropout, fold_key(key, 1000 + lin.lora_site))
     h = x.astype(lin.dtype) @ lin.lora_a[...].astype(lin.dtype)
     return (h @ lin.lora_b[...].astype(lin.dtype)) * jnp.asarray(lin.lora_scale, lin.dtype)
+
+
+class Embed(nnx.Embed):
+    """nnx.Embed that may carry trained token rows (flaxlm.models.lora's trainable tokens, PEFT's TrainableTokens):
+    token_delta [n, D] (float32) added to the table's rows token_ids, each sum in the table's dtype; its lookups and a
+    tied head (with_token_rows) see those rows, the table itself stays as it is (frozen under LoRA)."""
+    token_ids = ()
+    token_delta = None
+
+    def __call__(self, inputs):
+        x = super().__call__(inputs)
+        if self.token_delta is None:
+            return x
+        hit_BLn = inputs[..., None] == jnp.asarray(self.token_ids, inputs.dtype)
+        # the row's float32 sum, rounded to the table's dtype (as with_token_rows): only the hit rows get a gradient
+        row_BLD = x.astype(jnp.float32) + jnp.take(self.token_delta[...], jnp.argmax(hit_BLn, -1), axis=0)
+        row_BLD = row_BLD.astype(self.embedding[...].dtype).astype(x.dtype)
+        return jnp.where(hit_BLn.any(-1)[..., None], row_BLD, x)
+
+
+def with_token_rows(module, weight, axis=0):
+    """weight (the token embeddings [V, D], axis 0, or an untied head's kernel [D, V], axis 1) with the trained rows
+    of `module` (an Embed or Dense carrying token_delta) in place: weight's rows token_ids + token_delta, in weight's
+    dtype. weight itself when the module carries none."""
+    if getattr(module, "token_delta", None) is None:
+        return weight
+    ids = jnp.asarray(module.token_ids, jnp.int32)
+    delta_nD = module.token_delta[...]
+    if axis == 0:
+        return weight.at[ids].set((weight[ids].astype(jnp.float32) + delta_nD).astype(weight.dtype))
+    return weight.at[:, ids].set((weight[:, ids].astype(jnp.float32) + delta_nD.T).astype(weight.dtype))
 
 
 def lm_logits(h_MD, weight, tied, dtype):
@@ -205,8 +239,7 @@ def untrained_at(x_BLD, ids_BL, row):
 
 def embed(n, d, std, rngs, cutoff=None):
     """A float32 embedding table [n, d], initialized normal(std) (truncated at +-cutoff * std if given)."""
-    return nnx.Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32,
-                     embedding_init=normal_init(std, cutoff), rngs=rngs)
+    return Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32, embedding_init=normal_init(std, cutoff), rngs=rngs)
 
 
 class RMSNorm(nnx.Module):

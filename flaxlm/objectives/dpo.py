@@ -112,4 +112,4 @@ def dpo_objective(graphdef, config, params, max_length, pad_id, loss_type="sigmo
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="weights",
                      flops_per_example=2 * decoder_lm_train_flops(config, params, 1, max_length)
                      * (4 / 3 if live_reference else 1),  # a forward pass is a third of a train step's FLOPs
-                     tokens_per_example=2 * max_length, perplexity=False)
+                     tokens_per_example=2 * max_length, perplexity=False, count_name="pairs")

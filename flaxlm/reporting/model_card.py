@@ -108,6 +108,20 @@ def hub_datasets(options):
     return [d for d in options.get("dataset_name") or [] if not os.path.exists(os.path.expanduser(d))]
 
 
+def hub_model_id(name):
+    """name if it names a model on the hub (the card's base_model, which the hub links), None for a local one: a
+    folder on disk (what the scripts load then) or a path that is no hub id (./x, /x, x/, a/b/c)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+    if not name or os.path.exists(os.path.expanduser(name)):
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
+
+
 def data_lines(options, rows):
     """One line per training source, with its mixture weight and, from the last "data" row, rows/tokens/epochs."""
     files = [("file", f) for f in options.get("train_file") or []]
@@ -199,15 +213,17 @@ def write_model_card(output_dir, *, config, tokenizer, auto_class, script, optio
     tags = ["flaxlm", "jax", family]
     data = ModelCardData(library_name=library_name, pipeline_tag=pipeline_tag(auto_class),
                          language=options.get("language"), license=options.get("license"),
-                         datasets=hub_datasets(options) or None, base_model=base_model, tags=tags)
+                         datasets=hub_datasets(options) or None, base_model=hub_model_id(base_model), tags=tags)
     final_step, evaluation = evaluation_rows(rows)
     train_rows = [r for r in rows if r.get("split") == "train"]
     tokens = f"Tokens seen: {train_rows[-1]['tokens']} in {train_rows[-1]['step']} steps." if (
         train_rows and "tokens" in train_rows[-1]) else ""
     name = os.path.basename(os.path.abspath(repo or output_dir)) if not repo or os.path.exists(repo) else repo
     size = f"{n_params / 1e6:.1f}M" if n_params >= 1e5 else f"{n_params / 1e3:.1f}K"
+    start = "" if not base_model else (f" from `{base_model}`" if hub_model_id(base_model) else
+                                       f" from the local model `{base_model}`")
     summary = (f"A {family} model ({config.architectures[0] if getattr(config, 'architectures', None) else family}) "
-               f"of {size} parameters, {how}{f' from `{base_model}`' if base_model else ''}.")
+               f"of {size} parameters, {how}{start}.")
     vocab = getattr(tokenizer, "vocab_size", None)
     card = ModelCard.from_template(
         data, template_str=TEMPLATE, name=name, summary=summary, script=script, repo=repo or output_dir,

@@ -8,14 +8,16 @@
 
 A choice is scored as lm-eval scores a continuation: the prompt's trailing spaces moved to the continuation, the
 prompt + continuation encoded whole after the prefix token (BOS, else EOS), the continuation's tokens those past the
-prompt's; a prompt too long for the context loses its beginning. The figures are scikit-learn's (accuracy, macro F1,
+prompt's; a prompt too long for the context loses its beginning (as lm-eval cuts it), and the run says so in one line
+(how many of the prompts, and the fix). The figures are scikit-learn's (accuracy, macro F1,
 MCC), sacrebleu's (chrF, BLEU) or SQuAD's (exact match, F1), in percent.
 """
 import numpy as np
 
 
 def choice_request(lm, prompt, continuation):
-    """(ids, first) for lm.scorer: continuation's log-likelihood after prompt (see the module's docstring)."""
+    """(ids, first) for lm.scorer: continuation's log-likelihood after prompt (see the module's docstring), and
+    whether the prompt lost its beginning to the context."""
     spaces = len(prompt) - len(prompt.rstrip())
     if spaces:
         prompt, continuation = prompt[:-spaces], prompt[-spaces:] + continuation
@@ -23,7 +25,16 @@ def choice_request(lm, prompt, continuation):
     whole = [lm.prefix] + lm.encode(prompt + continuation)
     n = len(whole) - len(context)
     ids = whole[-(lm.max_length + 1):]
-    return ids, max(len(ids) - n, 1)
+    return (ids, max(len(ids) - n, 1)), len(whole) > len(ids)
+
+
+def report_cut(cut, total, room, what):
+    """One line when `cut` of `total` prompts were longer than the `room` tokens the context leaves them (`what`
+    says what takes the rest) and lost their beginning: a silent cut would score only the model's guesses."""
+    if cut:
+        print(f"warning: {cut} of {total} prompts are longer than the {room} tokens of context {what} and lose their "
+              f"beginning (the first solved examples, or the question itself); pass a smaller --num_fewshot, or "
+              f"judge a model with a longer context", flush=True)
 
 
 def answer_choices(lm, template, shots, questions, label_column, choices):
@@ -32,7 +43,7 @@ def answer_choices(lm, template, shots, questions, label_column, choices):
 
     from flaxlm.errors import UserError
     labels, answer = list(choices), choices
-    requests, prompts, golds = [], [], []
+    requests, prompts, golds, cut = [], [], [], 0
     for q in [*shots, *questions]:
         if str(q[label_column]) not in answer:
             raise UserError(f"label {q[label_column]!r} has no verbalization in --choices ({', '.join(labels)}); "
@@ -41,7 +52,10 @@ def answer_choices(lm, template, shots, questions, label_column, choices):
         prompt = template.prompt(shots, q, lambda shot: answer[str(shot[label_column])])
         prompts.append(prompt)
         golds.append(str(q[label_column]))
-        requests += [choice_request(lm, prompt, answer[label]) for label in labels]
+        asked = [choice_request(lm, prompt, answer[label]) for label in labels]
+        cut += any(was_cut for _, was_cut in asked)
+        requests += [request for request, _ in asked]
+    report_cut(cut, len(questions), lm.max_length, "the model has (with each choice)")
     ll, _ = lm.scorer(requests)
     ll_QC = np.asarray(ll).reshape(len(questions), len(labels))
     preds = [labels[i] for i in ll_QC.argmax(-1)]
@@ -74,10 +88,13 @@ def answer_generations(lm, template, shots, questions, target, source_column, st
                         f"{lm.max_length} tokens; lower it")
     if chat:
         prompts = [chat_prompt(lm.tokenizer, template, shots, q, target) for q in questions]
-        ids = [lm.tokenizer(p, add_special_tokens=False)["input_ids"][-budget:] for p in prompts]
+        whole = [lm.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     else:
         prompts = [template.prompt(shots, q, target.fill) for q in questions]
-        ids = [([lm.prefix] + lm.encode(p))[-budget:] for p in prompts]
+        whole = [[lm.prefix] + lm.encode(p) for p in prompts]
+    ids = [tokens[-budget:] for tokens in whole]
+    report_cut(sum(len(tokens) > budget for tokens in whole), len(questions), budget,
+               f"the model's {lm.max_length} leave beside --max_new_tokens {max_new_tokens}")
     texts = [cut_at_stop(lm.tokenizer.decode(tokens, skip_special_tokens=True), stop)
              for tokens in lm.generate(ids, max_new_tokens)]
     refs = [target.fill(q).strip() for q in questions]

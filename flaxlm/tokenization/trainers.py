@@ -1,8 +1,9 @@
-"""Train tokenizers from text: byte-level BPE as RoBERTa/GPT-2 have, WordPiece as BERT has, Unigram as T5 has and
-Unigram as XLM-RoBERTa has; and ByT5's byte tokenizer, which has nothing to learn.
+"""Train tokenizers from text: byte-level BPE as RoBERTa has (for encoders) and as GPT-2 has (for decoders),
+WordPiece as BERT has, Unigram as T5 has and Unigram as XLM-RoBERTa has; and ByT5's byte tokenizer, which has
+nothing to learn.
 
 Each returns a `transformers` tokenizer; save_pretrained(dir) writes tokenizer.json and
-tokenizer_config.json, and AutoTokenizer.from_pretrained(dir) gives it back (RobertaTokenizer,
+tokenizer_config.json, and AutoTokenizer.from_pretrained(dir) gives it back (RobertaTokenizer, GPT2Tokenizer,
 BertTokenizer, for Unigram a TokenizersBackend, XLMRobertaTokenizer) with its special tokens and model_max_length.
 """
 import os
@@ -16,37 +17,58 @@ from flaxlm.files import check_writable_dir
 from flaxlm.tokenization.loading import TOKENIZER_FILES
 from flaxlm.tokenization.unigram import XLMR_SPECIALS, SentencePieceUnigramTokenizer, VocabTooSmall, train_xlmr_pieces
 BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # ids 0..4, as RoBERTa has them
+GPT2_EOS = "<|endoftext|>"  # GPT-2's one special token
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4
 UNIGRAM_SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0..2, as T5 has them
 T5_SENTINELS = tuple(f"<extra_id_{k}>" for k in range(100))  # span k of T5's span corruption
 
 
 def train_bpe(texts_iter, vocab_size=50265, min_frequency=2, model_max_length=512, lowercase=False, total=None):
-    """Byte-level BPE (lossless on any text) wrapped as a RobertaTokenizer.
+    """Byte-level BPE (lossless on any text) wrapped as a RobertaTokenizer, for encoders: <s> text </s>.
 
     texts_iter yields strings or lists of strings; total (number of texts) sizes the progress bar.
     With lowercase the tokenizer is saved as a plain TokenizersBackend, because RobertaTokenizer
     rebuilds itself on loading without a normalizer and would silently stop lowercasing.
     """
-    if vocab_size < 256 + len(BPE_SPECIALS):
-        raise UserError(f"--vocab_size {vocab_size} is too small for byte-level BPE; "
-                        f"it needs at least {256 + len(BPE_SPECIALS)} (256 bytes + 5 special tokens)")
-    tok = Tokenizer(models.BPE())
-    if lowercase:
-        tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     mask = AddedToken("<mask>", lstrip=True, special=True)  # "a <mask>" keeps the space out of the mask
     specials = [AddedToken(t, special=True) for t in BPE_SPECIALS[:-1]] + [mask]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
-    tok.train_from_iterator(texts_iter, trainer, length=total)
+    tok = _byte_level_bpe(texts_iter, vocab_size, min_frequency, lowercase, specials, total)
     tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")),
                                                       ("<s>", tok.token_to_id("<s>")),
                                                       trim_offsets=True, add_prefix_space=False)
     wrapper = transformers.TokenizersBackend if lowercase else transformers.RobertaTokenizer
     return wrapper(tokenizer_object=tok, model_max_length=model_max_length, bos_token="<s>", eos_token="</s>",
                    sep_token="</s>", cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token=mask)
+
+
+def train_gpt2_bpe(texts_iter, vocab_size=50257, min_frequency=2, model_max_length=1024, lowercase=False,
+                   total=None):
+    """Byte-level BPE as GPT-2 has it, for decoders: a GPT2Tokenizer whose one special token, <|endoftext|> (id 0),
+    is bos, eos and unk, and which adds nothing around a text (tok("Hei") is the pieces of "Hei" alone; the
+    pretraining rows end each document with eos themselves, flaxlm.data.rows). No pad token, as GPT-2; the scripts
+    pad with eos. lowercase: a TokenizersBackend, as train_bpe explains."""
+    tok = _byte_level_bpe(texts_iter, vocab_size, min_frequency, lowercase, [AddedToken(GPT2_EOS, special=True)],
+                          total)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)  # offsets only: no token added
+    wrapper = transformers.TokenizersBackend if lowercase else transformers.GPT2Tokenizer
+    return wrapper(tokenizer_object=tok, model_max_length=model_max_length, bos_token=GPT2_EOS, eos_token=GPT2_EOS,
+                   unk_token=GPT2_EOS, add_prefix_space=False)
+
+
+def _byte_level_bpe(texts_iter, vocab_size, min_frequency, lowercase, specials, total):
+    """A tokenizers.Tokenizer of byte-level BPE trained on the texts, its special tokens first (ids 0..)."""
+    if vocab_size < 256 + len(specials):
+        raise UserError(f"--vocab_size {vocab_size} is too small for byte-level BPE; it needs at least "
+                        f"{256 + len(specials)} (256 bytes + {len(specials)} special tokens)")
+    tok = Tokenizer(models.BPE())
+    if lowercase:
+        tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
+    tok.train_from_iterator(texts_iter, trainer, length=total)
+    return tok
 
 
 def train_wordpiece(texts_iter, vocab_size=30522, min_frequency=2, model_max_length=512, lowercase=True,
@@ -137,7 +159,7 @@ def byte_tokenizer(model_max_length=512):
     return transformers.ByT5Tokenizer(model_max_length=model_max_length)
 
 
-TRAINERS = {"bpe": train_bpe, "wordpiece": train_wordpiece, "unigram": train_unigram,
+TRAINERS = {"bpe": train_bpe, "gpt2": train_gpt2_bpe, "wordpiece": train_wordpiece, "unigram": train_unigram,
             "xlmr-unigram": train_xlmr_unigram}
 TYPES = (*TRAINERS, "byte")  # --type: a trained tokenizer, or ByT5's bytes
 

@@ -66,7 +66,7 @@ def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed, predi
         out.update(objective.metrics(_concat(outputs)))
     elif objective.perplexity:
         out["perplexity"] = float(np.exp(min(out["loss"], 50.0)))
-    out["target_tokens"] = int(totals["weight_sum"])
+    out[objective.count_name] = int(totals["weight_sum"])
     return out
 
 
@@ -83,13 +83,13 @@ class Evaluator:
         result = evaluate(self.eval_step, params, self.objective, rows, self.eval_batch, self.mesh, self.seed,
                           self.predict_step)
         self.log.write(step, split, result)
-        say(f"{self.what} {step}: {split} {describe_metrics(result)}")
+        say(f"{self.what} {step}: {split} {describe_metrics(result, self.objective.count_name)}")
 
 
-def describe_metrics(result):
-    """'loss 1.2345, accuracy 0.5000, perplexity 3.44': every metric of an evaluation but the token count."""
+def describe_metrics(result, count_name="target_tokens"):
+    """'loss 1.2345, accuracy 0.5000, perplexity 3.44': every metric of an evaluation but what it counted."""
     return ", ".join(f"{k} {v:.2f}" if k == "perplexity" else f"{k} {v:.4f}"
-                     for k, v in result.items() if k != "target_tokens")
+                     for k, v in result.items() if k != count_name)
 
 
 def collect_predictions(params, objective, rows, global_batch, mesh, seed=0):

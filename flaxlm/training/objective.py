@@ -27,6 +27,7 @@ class Objective:
     predict: Optional[Callable] = None
     metrics: Optional[Callable] = None
     perplexity: bool = True  # an evaluation without `metrics` reports exp(loss); False where loss is no LM loss
+    count_name: str = "target_tokens"  # what an evaluation's row calls the weights' sum: what it counted (DPO: pairs)
 
 
 def collate_rng(seed, split, index):

@@ -106,27 +106,42 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
                          **labels)
 
 
-def attach_lora(lora_args, model_args, args, config, model, seed):
+def attach_lora(lora_args, model_args, args, config, model, seed, tokens=()):
     """(model, lora): with --lora_rank or --lora_adapter, the model with LoRA adapters on its frozen base
     (flaxlm.models.lora; the base in bfloat16 unless --param_dtype says) and lora = (LoraConfig, modules), the run
-    training only them (--train_only: no gradient, update nor optimizer state for the base); else (model, None)."""
+    training only them (--train_only: no gradient, update nor optimizer state for the base) and the embedding (and
+    untied head) rows of its trainable tokens: `tokens` (the ids the run added to the vocabulary), those of
+    --lora_trainable_tokens and a continued adapter's; else (model, None). Call it once the vocabulary is final."""
+    if lora_args.merge_dtype and not (lora_args.merge_lora and (lora_args.lora_rank or lora_args.lora_adapter)):
+        raise UserError(f"--merge_dtype {lora_args.merge_dtype} is the dtype of --merge_lora's export; pass it with "
+                        f"--lora_rank and --merge_lora, or drop it")
     if not (lora_args.lora_rank or lora_args.lora_adapter):
+        if lora_args.lora_trainable_tokens:
+            raise UserError("--lora_trainable_tokens trains rows beside LoRA adapters; pass --lora_rank too (without "
+                            "LoRA, --train_only embeddings trains the whole tables)")
         return model, None
     from flaxlm.models import lora as loralib
+    from flaxlm.reporting.run_log import say
     if args.train_only:
         raise UserError("--train_only chooses what trains, and with LoRA the adapters do; drop one of them")
     if not model_args.param_dtype:  # said so in the card and in --compile_for's table
         model, model_args.param_dtype = with_param_dtype(model, "bfloat16"), "bfloat16"
+    tokens = sorted({int(i) for i in tokens} | set(lora_args.lora_trainable_tokens or ()))
     if lora_args.lora_adapter:
-        lora, modules = loralib.load_adapter(model, config, lora_args.lora_adapter)
+        lora, modules = loralib.load_adapter(model, config, lora_args.lora_adapter, tokens)
     else:
         targets = lora_args.lora_target_modules
         if targets and len(targets) == 1 and not targets[0].isidentifier():
             targets = targets[0]  # a regular expression of whole module names
         lora = loralib.LoraConfig(rank=lora_args.lora_rank, alpha=lora_args.lora_alpha,
                                   dropout=lora_args.lora_dropout, targets=tuple(targets) if isinstance(
-                                      targets, list) else targets)
+                                      targets, list) else targets, trainable_tokens=tuple(tokens))
         modules = loralib.add_lora(model, config, lora, seed)
+    if lora.trainable_tokens:
+        sites = " and ".join(s.hf for s in loralib.token_sites(config))
+        say(f"LoRA trains the rows of {len(lora.trainable_tokens)} token(s) in {sites} too (ids "
+            f"{', '.join(map(str, lora.trainable_tokens[:8]))}{', ...' if len(lora.trainable_tokens) > 8 else ''}); "
+            f"every other row stays the base's")
     args.train_only = [loralib.TRAINABLE]
     return model, (lora, modules)
 
@@ -296,11 +311,13 @@ def run_optimizer(args, params, total_steps, vocab_size=None):
     return make_optimizer(args, total_steps, decay_mask(params), trainable)
 
 
-def export(args, model_args, config, params, tokenizer, load_with, how=None, lora=None, merge_lora=False):
+def export(args, model_args, config, params, tokenizer, load_with, how=None, lora=None, merge_lora=False,
+           merge_dtype=None):
     """Write the model (config.json + model.safetensors), tokenizer and model card (README.md) in Hugging Face
     format to --output_dir, from process 0, then upload them with --push_to_hub (nothing for an evaluation job).
     how: what the card says was done (default: from load_with and --model_name_or_path). lora (attach_lora's): the
-    PEFT adapter instead of the model, or with merge_lora the model with the adapters multiplied in."""
+    PEFT adapter instead of the model, or with merge_lora the model with the adapters multiplied into the base's own
+    checkpoint, in merge_dtype (default: the base's; flaxlm.models.lora.save_merged)."""
     from flaxlm.training import mesh as meshlib
     from flaxlm.models import save_pretrained
     from flaxlm.models import lora as loralib
@@ -311,10 +328,16 @@ def export(args, model_args, config, params, tokenizer, load_with, how=None, lor
     if lora and not merge_lora:
         loralib.save_adapter(out, config, params, *lora, base=model_args.model_name_or_path)
         tokenizer.save_pretrained(out)
+        grown = " resized to the tokenizer's length" if lora[0].trainable_tokens else ""
         print(f"exported the LoRA adapter (rank {lora[0].rank}, {len(lora[1])} layers) and tokenizer to {out} (load "
-              f"with peft.PeftModel.from_pretrained on {model_args.model_name_or_path})", flush=True)
-    else:
-        save_pretrained(out, config, loralib.merged(params, lora[1], lora[0]) if lora else params)
+              f"with peft.PeftModel.from_pretrained on {model_args.model_name_or_path}{grown})", flush=True)
+    elif lora and model_args.model_name_or_path:
+        dtype = loralib.save_merged(out, config, params, *lora, base=model_args.model_name_or_path, dtype=merge_dtype)
+        tokenizer.save_pretrained(out)
+        print(f"exported the base with the LoRA adapter multiplied in ({dtype}) and tokenizer to {out} (load with "
+              f"{load_with}.from_pretrained)", flush=True)
+    else:  # (LoRA on a model made here, no checkpoint to read the base from: the run's copy, merged)
+        save_pretrained(out, config, loralib.merged(params, lora[1], lora[0], config) if lora else params)
         tokenizer.save_pretrained(out)
         print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
     repo_id = (args.hub_model_id or os.path.basename(os.path.abspath(out))) if args.push_to_hub else None

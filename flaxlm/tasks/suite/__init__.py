@@ -1,6 +1,7 @@
 """evaluate_suite.py's parts: one pretrained model fine-tuned and judged on a list of tasks.
 
-    suite_file.py   the suite's yaml: its tasks (kind, files under --data_dir, the script's flags), checked up front
+    suite_file.py   the suite's yaml: its tasks (kind, files under --data_dir or hub datasets, the script's flags),
+                    checked up front
     runner.py       each task as a subprocess of its script; a crash becomes a row of the table, not the end
     scores.py       the predictions files (the scripts' output contract) as per-example statistics and a metric
     baselines.py    the trivial baseline of each kind (majority class, most frequent tag per word, copy the source)

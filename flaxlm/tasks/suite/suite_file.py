@@ -7,12 +7,17 @@
         metric: accuracy                    # optional: the kind's first metric by default
         train_file: no/ud_bokmaal_dev.conllu  # *_file paths: relative to --data_dir (or absolute)
         tag_column: upos                    # any other key: the script's flag (--tag_column upos)
+        hub: {dataset_name: commul/universal_dependencies, dataset_config_name: no_bokmaal, tags_column: upos}
+                                            # optional: the task's Hugging Face dataset and the flags that differ
+                                            # from the local files' (read instead of the *_file paths when there is
+                                            # no local data folder: see suite_data_dir)
     defaults: {seed: 42}                    # optional: flags every task gets unless it sets them itself (a decoder's
                                             # tasks: those of its script's options)
 
 `metric` is the suite's own key (the table's score), not passed on: the script reports its default metrics. A
 mistake in the file (an unknown kind or metric, a missing data file, a flag the suite sets itself, for the scripts
-whose options are declared in flaxlm.config.options an unknown flag) is a UserError naming the task and the key.
+whose options are declared in flaxlm.config.options an unknown flag, a task without a hub dataset when there is no
+local data) is a UserError naming the task and the key.
 """
 import dataclasses
 import json
@@ -53,6 +58,7 @@ KINDS = {
 }
 TRAINED = ("classification", "tagging", "ner", "qa", "seq2seq")  # the kinds that fine-tune (--max_steps caps them)
 FILE_KEYS = ("train_file", "validation_file", "test_file")  # paths under --data_dir
+HUB = "hub"  # a task's Hugging Face dataset: dataset_name, dataset_config_name, and the flags that differ for it
 SUITE_SETS = ("model_name_or_path", "output_dir", "config_name", "overwrite_output_dir")  # flags the suite passes
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -77,8 +83,20 @@ class SuiteTask:
         return out
 
 
+def suite_data_dir(data_dir, scripts_dir):
+    """The folder the tasks' files are read from: --data_dir, else $FLAXLM_DATA_DIR, else ../shared/data beside the
+    scripts when it exists (this repository's development data); None when there is none of them: the tasks then
+    load their `hub` datasets."""
+    given = data_dir or os.environ.get("FLAXLM_DATA_DIR")
+    if given:
+        return given
+    default = os.path.join(scripts_dir, "..", "shared", "data")
+    return default if os.path.isdir(default) else None
+
+
 def read_suite(path, data_dir):
-    """The SuiteTasks of the yaml file at `path`, in order, their files resolved under data_dir and present."""
+    """The SuiteTasks of the yaml file at `path`, in order: their files resolved under data_dir and present, or with
+    data_dir None their `hub` datasets instead of the files."""
     where = f"suite file {path}"
     try:
         with open(path, encoding="utf-8") as f:
@@ -122,9 +140,14 @@ def _task(entry, index, defaults, data_dir, where):
     if metric not in KINDS[kind].metrics:
         raise UserError(f"{where}: metric {metric!r} does not score a {kind} task; use one of "
                         f"{', '.join(KINDS[kind].metrics)}")
+    hub = entry.pop(HUB, None)
+    if data_dir is None:
+        entry = _hub_flags(entry, hub, where)
     for key in entry:
         if key in SUITE_SETS:
             raise UserError(f"{where} sets {key}, which evaluate_suite.py sets itself; remove it from the suite file")
+    if data_dir is None:
+        return SuiteTask(name, kind, metric, entry)
     needed = {"qa": ("train_file", "validation_file"), "bits_per_byte": ("validation_file",)}.get(kind, ("train_file",))
     for key in needed:
         if not entry.get(key):
@@ -133,6 +156,16 @@ def _task(entry, index, defaults, data_dir, where):
         if key in entry:
             entry[key] = [_data_file(p, data_dir, f"{where}, {key}") for p in _as_list(entry[key])]
     return SuiteTask(name, kind, metric, entry)
+
+
+def _hub_flags(entry, hub, where):
+    """The task's flags for its hub dataset: the local *_file paths dropped, the `hub` mapping's flags over the
+    others (its dataset_name, dataset_config_name, and the columns, prompt or splits that differ)."""
+    if not (isinstance(hub, dict) and isinstance(hub.get("dataset_name"), str) and hub["dataset_name"]):
+        raise UserError(f"{where} has no '{HUB}' mapping with a dataset_name, and there is no local data folder to "
+                        f"read its files from; pass --data_dir (or set FLAXLM_DATA_DIR), or give the task "
+                        f"{HUB}: {{dataset_name: ...}}")
+    return {**{key: value for key, value in entry.items() if key not in FILE_KEYS}, **hub}
 
 
 def _taken(defaults, kind):
