@@ -57,8 +57,10 @@ def main(argv=None):
     markers = missing_markers(tokenizer, template) if template and not target else []
     if markers:
         graphdef, params = split_model(model)
-        tokenizer, config, params = add_special_tokens(tokenizer, config, params, markers)
+        tokenizer, config, params = add_special_tokens(tokenizer, config, params, markers,
+                                                       multiple=model.execution.vocab_multiple)
         model = merge_model(graphdef, params)
+        model.set_vocab_size(config.vocab_size)  # (tables padded in memory: the rows the head keeps)
         say(f"added the chat template's {', '.join(markers)} to the vocabulary ({config.vocab_size} rows), each row "
             f"the mean of its pieces' rows")
     # --lora_rank: adapters only, and the rows of the markers just added (PEFT's trainable tokens)

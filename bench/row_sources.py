@@ -14,10 +14,6 @@ import os
 
 import numpy as np
 
-from flaxlm.data.mixture import MixedRows
-from flaxlm.data.prepared import PreparedRows, row_dtype
-from flaxlm.data.rows import ShuffledRows
-
 ROWS = ("memory", "prepared", "mixture")
 MIXTURE = {"books": 0.6, "news": 0.3, "web": 0.1}
 
@@ -26,6 +22,10 @@ def row_source(kind, vocab, row_len, batch, tmp_dir, batches_per_source=64, seed
     """None for "memory", else a ShuffledRows / MixedRows over shards of random ids written to tmp_dir."""
     if kind == "memory":
         return None
+    # imported here: flaxlm.data.rows needs `datasets`, which the GPU machine's image lacks (bench/gpu_session.sh)
+    from flaxlm.data.mixture import MixedRows
+    from flaxlm.data.prepared import PreparedRows, row_dtype
+    from flaxlm.data.rows import ShuffledRows
     names = ["train"] if kind == "prepared" else list(MIXTURE)
     dtype, n = row_dtype(vocab), batches_per_source * batch
     sources = []

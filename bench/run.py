@@ -3,8 +3,13 @@
 
     python bench/run.py                                        # cpu suite: the "small" shape, fp32
     python bench/run.py --reference /tmp/hfref/bin/python      # + ../shared/bench/hf_reference.py, ratios
-    python bench/run.py --suite gpu                            # the issue's bf16 targets, vs bench/torch_reference.py
-    python bench/run.py --suite gpu --torch_compile            # the torch side under torch.compile
+    python bench/run.py --suite gpu                            # the issues' bf16 targets: every task at dropout 0 and
+                                                               # at its config's, vs transformers (torch.compile) and,
+                                                               # for GPT-2, nanoGPT's model (torch.compile)
+    python bench/run.py --suite gpu --no-torch_compile         # the transformers side eager
+    python bench/run.py --suite gpu --tasks clm --dropout 0 --profile /tmp/prof   # + where a step's time goes
+    python bench/run.py --suite gpu --tasks llama --batch 8    # Llama 3.2 1B's shape at seq 4096, 8 rows
+    python bench/run.py --suite tiny --tasks clm --profile /tmp/prof --reference none   # the profile table on CPU
     python bench/run.py --suite gpu --memory_only --tasks mlm  # compile only: roberta-base batch 256 memory
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/run.py --suite gpu --memory_only --tasks mlm
                                                                # the same per device of 8 (a TPUv3-8: 32 rows each)
@@ -39,9 +44,21 @@ with AdamW.
 References, in the same command (--reference PYTHON; default: the cpu suite uses /tmp/hfref/bin/python
 when it exists, the gpu suite this interpreter, tiny none): cpu runs ../shared/bench/hf_reference.py
 (transformers<5 Flax and PyTorch, fp32; its T5 target is 26 tokens where ours is 29), gpu runs
-bench/torch_reference.py (transformers PyTorch, bf16 autocast) on the same configs. Ratios are our tokens/s
-over theirs. The gpu suite runs each objective in its own process (so peak memory is that objective's, and
-the torch side has the whole device). --json PATH writes every figure.
+bench/torch_reference.py (transformers PyTorch, bf16 autocast; under torch.compile unless --no-torch_compile)
+on the same configs and, for the GPT-2 task, bench/nanogpt_reference.py (nanoGPT's GPT-2 under torch.compile,
+flash attention; --compare picks). Ratios are our tokens/s over theirs. The gpu suite runs each row in its own
+process (so peak memory is that row's, and the torch side has the whole device). --json PATH writes every
+figure (after each row, so a run cut short keeps what it measured).
+
+Dropout (--dropout; the gpu suite: both): each task at dropout 0 ("<task>-dropout0" in the JSON: every rate 0,
+as llm.c and nanoGPT pretrain) and at its config's rates ("<task>"); one row where the config's are all 0.
+--reference_dropout 0 runs the references beside the dropout-0 rows only (a shorter session).
+Out of memory: with --halve_on_oom (the default) a row that runs out of device memory runs again at half the
+batch, in a fresh process, until it fits ("batch_halved_from" in the JSON); on a GPU the row also reports
+"largest_batch_estimate", the batch that the compiled step's memory analysis (state + temporaries per row)
+says fills the device. --profile DIR traces --profile_steps steps after the timed ones with jax.profiler and
+prints where a step's time goes (bench/profile_step.py: attention, matmuls, LM head and loss, optimizer,
+elementwise, the host), also into the JSON.
 """
 import argparse
 import json
@@ -60,7 +77,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from bench.row_sources import ROWS, row_source  # noqa: E402
-from bench.setups import MEAN_SPAN, NOISE_DENSITY, OBJECTIVES, REFERENCE_TASK, SUITES, describe, hf_config  # noqa: E402
+from bench.setups import (MEAN_SPAN, NOISE_DENSITY, OBJECTIVES, REFERENCE_TASK, SUITES, describe,  # noqa: E402
+                          describe_dropout, dropout_rates, hf_config, row_targets, without_dropout)
 from flaxlm.training import mesh as meshlib  # noqa: E402
 from flaxlm.config.options import ATTENTION_IMPLEMENTATIONS, REMAT_POLICIES  # noqa: E402
 from flaxlm.errors import UserError, run_main  # noqa: E402
@@ -73,6 +91,8 @@ from flaxlm.training.train_step import BatchLayout, compile_train_step, initial_
 
 HF_REFERENCE = os.path.join(ROOT, "..", "shared", "bench", "hf_reference.py")
 TORCH_REFERENCE = os.path.join(ROOT, "bench", "torch_reference.py")
+NANOGPT_REFERENCE = os.path.join(ROOT, "bench", "nanogpt_reference.py")
+COMPARE = ("transformers", "nanogpt")  # the gpu suite's references: bench/torch_reference.py, nanogpt_reference.py
 HF_REFERENCE_PYTHON = "/tmp/hfref/bin/python"  # the environment hf_reference.py's docstring sets up
 GIB = 2 ** 30
 
@@ -82,11 +102,38 @@ def layer_execution(a):
     return Execution(scan=a.scan_layers, remat=a.remat_policy, attention=a.attention_implementation)
 
 
+def setup_config(task, c):
+    """The transformers config of setup c: its preset's or bench/setups.hf_config's, every dropout rate 0 when
+    c["dropout"] is "0"."""
+    if c.get("preset"):
+        config = build_config(c["preset"])
+        return without_dropout(config) if c.get("dropout") == "0" else config
+    return hf_config(task, c)
+
+
+def row_key(task, dropout):
+    """The row's name in the JSON: the task at its config's dropout, "<task>-dropout0" at dropout 0."""
+    return task if dropout == "config" else f"{task}-dropout0"
+
+
+def row_dropouts(a, task, c):
+    """The dropout settings task runs at: --dropout's, both ("0" first) collapsing to one row when the
+    config's rates are all 0 already."""
+    if a.dropout != "both":
+        return [a.dropout]
+    return ["0", "config"] if any(dropout_rates(setup_config(task, c)).values()) else ["config"]
+
+
+def is_out_of_memory(e):
+    text = str(e)
+    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
 def build_objective(task, c, dtype, execution, abstract, head_chunk_rows=None):
     """(params, Objective, raw row length) of the training objective for setup c; abstract: parameters as
     jax.ShapeDtypeStruct, nothing allocated."""
     from flax import nnx
-    config = build_config(c["preset"]) if c.get("preset") else hf_config(task, c)
+    config = setup_config(task, c)
 
     def model():
         return create_model(config, dtype=dtype, seed=0, execution=execution)
@@ -172,7 +219,10 @@ def bench_task(task, c, a):
     parts = {} if mem is None else {"arguments": mem.argument_size_in_bytes, "outputs": mem.output_size_in_bytes,
                                      "temp": mem.temp_size_in_bytes, "aliased": mem.alias_size_in_bytes}
     estimate = parts["arguments"] + parts["outputs"] + parts["temp"] - parts["aliased"] if parts else None
-    r = {"config": c["name"], "dtype": a.dtype, "device": mesh.devices.flat[0].device_kind, "devices": mesh.size,
+    rates = dropout_rates(setup_config(task, c))
+    r = {"config": c["name"], "task": task, "dropout": c.get("dropout", "config"), "dropout_rates": rates,
+         "dropout_label": describe_dropout(c, rates),
+         "dtype": a.dtype, "device": mesh.devices.flat[0].device_kind, "devices": mesh.size,
          "sharding": a.sharding, "param_dtype": a.param_dtype, "rows": a.rows,
          "state_bytes_per_device": built.state_bytes,
          "params": count_params(params), "batch": c["batch"], "tokens_per_example": objective.tokens_per_example,
@@ -226,19 +276,68 @@ def bench_task(task, c, a):
              mfu=round(flops / step_s / peak, 4) if peak else None, peak_flops=peak, peak_source=peak_source,
              flops_per_step=flops, host_ms=round(host_ms, 3), host_pct=round(100 * host_ms / 1000 / step_s, 2),
              loss=float(jax.device_get(previous["loss"])), steps=a.steps)
+    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+    if limit and parts and parts["temp"]:  # temporaries grow with the batch; the state does not
+        fixed = parts["arguments"] + parts["outputs"] - parts["aliased"]
+        r["largest_batch_estimate"] = int((limit - fixed) // (parts["temp"] / c["batch"]))
+    if a.profile:
+        r["profile"] = profile_steps(os.path.join(a.profile, row_key(task, r["dropout"])), compiled, one,
+                                     range(2 + a.steps, 2 + a.steps + a.profile_steps))
     return r
 
 
-def bench_in_own_process(task, argv):
-    """bench_task in a fresh process (this script with --worker): its peak memory is this objective's alone,
-    and the device is free again for the reference when it exits."""
+def profile_steps(directory, compiled, one, steps):
+    """bench/profile_step.breakdown of the given steps (one(i) dispatches step i) traced into directory, as they
+    were timed: each dispatched before the previous one is read; {"error"} where the trace cannot be read."""
+    from bench.profile_step import Trace, breakdown
+    with Trace(directory) as t:
+        for i in steps:
+            metrics = one(i)
+        jax.block_until_ready(metrics)
+    try:  # the timing before stands whatever the trace holds
+        return breakdown(t.xplane_path(), compiled.as_text(), len(steps), t.wall_s)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+def bench_row(task, c, a):
+    """bench_task, with running out of device memory as a result: {"error", "oom": True}."""
+    try:
+        return bench_task(task, c, a)
+    except Exception as e:
+        if not is_out_of_memory(e):
+            raise
+        return {"error": f"out of memory at batch {c['batch']}: {str(e).strip().splitlines()[0][:300]}",
+                "oom": True, "batch": c["batch"]}
+
+
+def bench_in_own_process(task, c, argv):
+    """bench_row for setup c in a fresh process (this script with --worker): its peak memory is this row's
+    alone, and the device is free again for the reference when it exits."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.json")
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--tasks", task, "--worker", path])
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--tasks", task, "--dropout",
+                               c["dropout"], "--batch", str(c["batch"]), "--worker", path])
         if proc.returncode != 0:
             return {"error": f"the benchmark process for {task} exited with {proc.returncode} (output above)"}
         with open(path) as f:
-            return json.load(f)[task]
+            return json.load(f)[row_key(task, c["dropout"])]
+
+
+def measure_once(task, c, a, argv):
+    """One round of ours for setup c; with --halve_on_oom, again at half the batch while the row runs out of
+    device memory (in a fresh process each time, where rows have their own). Returns (figures, the setup run)."""
+    halved_from = []
+    while True:
+        r = bench_in_own_process(task, c, argv) if a.process_per_task and not a.worker else bench_row(task, c, a)
+        if not (r.get("oom") and a.halve_on_oom and not a.worker and c["batch"] % 2 == 0):
+            break
+        print(f"{task}: out of memory at batch {c['batch']}; trying {c['batch'] // 2}", flush=True)
+        halved_from.append(c["batch"])
+        c = {**c, "batch": c["batch"] // 2}
+    if halved_from:
+        r["batch_halved_from"] = halved_from
+    return r, c
 
 
 def reference_python(a):
@@ -250,17 +349,32 @@ def reference_python(a):
 
 
 def run_reference(python, task, c, a):
-    """{name: tokens/s or 'error: ...'} from the suite's reference script run with `python`."""
+    """{name: tokens/s or 'error: ...'} from the suite's reference scripts run with `python`: the torch suite's
+    (--compare: transformers; nanoGPT for the GPT-2 task) at setup c's batch, length and dropout; else
+    ../shared/bench/hf_reference.py."""
     if SUITES[a.suite]["reference"] == "torch":
-        cmd = [python, TORCH_REFERENCE, "--suite", a.suite, "--task", task, "--steps", str(a.steps),
-               "--dtype", a.dtype] + (["--compile"] if a.torch_compile else [])
-    else:
-        if not os.path.exists(HF_REFERENCE):
-            return {"hf_reference.py": f"error: {os.path.normpath(HF_REFERENCE)} not found"}
-        cmd = [python, HF_REFERENCE, "--task", REFERENCE_TASK[task], "--steps", str(a.steps)]
-        for flag, k in (("--batch", "batch"), ("--seq", "seq"), ("--vocab", "vocab"), ("--hidden", "hidden"),
-                        ("--layers", "layers"), ("--heads", "heads"), ("--ff", "ff")):
-            cmd += [flag, str(c[k])]
+        if c.get("preset"):
+            return {}
+        common = ["--suite", a.suite, "--task", task, "--steps", str(a.steps), "--dtype", a.dtype, "--batch",
+                  str(c["batch"]), "--seq", str(c["seq"]), "--dropout", c["dropout"]]
+        common += ["--compile"] if a.torch_compile else []
+        scripts = [s for name, s in (("transformers", TORCH_REFERENCE), ("nanogpt", NANOGPT_REFERENCE))
+                   if name in a.compare and (name == "transformers" or task == "clm")]
+        out = {}
+        for script in scripts:
+            out.update(run_reference_command([python, script, *common]))
+        return out
+    if not os.path.exists(HF_REFERENCE):
+        return {"hf_reference.py": f"error: {os.path.normpath(HF_REFERENCE)} not found"}
+    cmd = [python, HF_REFERENCE, "--task", REFERENCE_TASK[task], "--steps", str(a.steps)]
+    for flag, k in (("--batch", "batch"), ("--seq", "seq"), ("--vocab", "vocab"), ("--hidden", "hidden"),
+                    ("--layers", "layers"), ("--heads", "heads"), ("--ff", "ff")):
+        cmd += [flag, str(c[k])]
+    return run_reference_command(cmd)
+
+
+def run_reference_command(cmd):
+    """{name: tokens/s or 'error: ...'}: the last line of cmd's output, its JSON."""
     print(f"reference: {' '.join(cmd)}", flush=True)
     out = subprocess.run(cmd, capture_output=True, text=True)
     lines = out.stdout.strip().splitlines()
@@ -281,7 +395,7 @@ def measure_rounds(task, c, a, argv, python):
     for i in range(a.rounds):
         if a.rounds > 1:
             print(f"{task}: round {i + 1} of {a.rounds}", flush=True)
-        r = bench_in_own_process(task, argv) if a.process_per_task and not a.worker else bench_task(task, c, a)
+        r, c = measure_once(task, c, a, argv)
         if "error" in r:
             return r
         if python:
@@ -308,11 +422,15 @@ def measure_rounds(task, c, a, argv, python):
     return r
 
 
-def check_targets(r, targets):
-    """{name: {target, measured, met}} for the setup's targets (met None when not measured)."""
+def check_targets(r, targets, dropout0=None):
+    """{name: {target, measured, met}} for the row's targets (met None when not measured); dropout0: the same
+    task's dropout-0 row, for dropout0_ratio."""
     torch_ratio = next((v for k, v in r.get("ratios", {}).items() if k.startswith("hf-torch")), None)
+    nanogpt_ratio = next((v for k, v in r.get("ratios", {}).items() if k.startswith("nanogpt")), None)
+    theirs = (dropout0 or {}).get("tokens_per_s")
     measured = {"mfu": r.get("mfu"), "step_s": r["step_ms"] / 1000 if "step_ms" in r else None,
-                "ref_ratio": torch_ratio,
+                "ref_ratio": torch_ratio, "nanogpt_ratio": nanogpt_ratio, "tokens_per_s": r.get("tokens_per_s"),
+                "dropout0_ratio": round(r["tokens_per_s"] / theirs, 3) if theirs and "tokens_per_s" in r else None,
                 "memory_gib": r["memory_bytes"] / GIB if r.get("memory_bytes") else None}
     at_most = ("step_s", "memory_gib")
     return {k: {"target": v, "measured": measured[k],
@@ -329,8 +447,10 @@ def print_table(task, c, r):
         return f"target {sign} {fmt(t['target'])}: " + {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
 
     label = "causal LM" if c.get("preset") else OBJECTIVES[task]
-    head = f"{label} | {describe(c)}" + (f", target {r['target_length']}" if "target_length" in r else "")
-    print(f"\n== {head} | {r.get('dtype')} | {r.get('device')} x{r.get('devices')} ==")
+    head = f"{label} | {describe({**c, 'batch': r.get('batch', c['batch'])})}" + (
+        f", target {r['target_length']}" if "target_length" in r else "")
+    dropout = f" | {r['dropout_label']}" if "dropout_label" in r else ""
+    print(f"\n== {head}{dropout} | {r.get('dtype')} | {r.get('device')} x{r.get('devices')} ==")
     if "error" in r:
         print(f"  {r['error']}")
         return
@@ -338,7 +458,7 @@ def print_table(task, c, r):
     if "step_ms" in r:
         peak = f"{r['peak_flops']:.3g} FLOP/s" if r["peak_flops"] else "no peak"
         rows += [("step time", f"{r['step_ms']:.1f} ms", target("step_s", lambda v: f"{1000 * v:.0f} ms")),
-                 ("tokens/s", f"{r['tokens_per_s']:,.0f}", ""),
+                 ("tokens/s", f"{r['tokens_per_s']:,.0f}", target("tokens_per_s", lambda v: f"{v:,.0f}")),
                  ("MFU", f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a",
                   target("mfu", lambda v: f"{100 * v:.0f}%")),
                  ("  peak", peak, r["peak_source"]),
@@ -346,6 +466,15 @@ def print_table(task, c, r):
                                                               + ("" if r["rows"] == "memory" else
                                                                  f"reading {r['rows']} rows, ")
                                                               + "collation and transfer)")]
+    if "dropout0_ratio" in r.get("targets", {}):
+        t = r["targets"]["dropout0_ratio"]
+        rows.append(("vs dropout 0", f"{t['measured']:.3f}x" if t["measured"] else "n/a",
+                     "this row's tokens/s over the dropout-0 row's  " + target("dropout0_ratio", lambda v: f"{v}x")))
+    if "batch_halved_from" in r:
+        rows.append(("batch", f"{r['batch']}", f"out of memory at {', '.join(map(str, r['batch_halved_from']))}"))
+    if "largest_batch_estimate" in r:
+        rows.append(("largest batch (est.)", f"{r['largest_batch_estimate']}",
+                     "device memory over (state + temporaries per row), from the compiler's memory analysis"))
     rows.append(("memory", f"{r['memory_bytes'] / GIB:.3f} GiB" if r["memory_bytes"] else "n/a",
                  f"{r['memory_source']}  {target('memory_gib', lambda v: f'{v} GiB')}".strip()))
     if r.get("hbm_bytes"):
@@ -372,15 +501,23 @@ def print_table(task, c, r):
         note = f"ours {ratio:.2f}x" if ratio else ""
         if ratio and name.startswith("hf-torch"):
             note += "  " + target("ref_ratio", lambda v: f"{v}x")
+        if ratio and name.startswith("nanogpt"):
+            note += "  " + target("nanogpt_ratio", lambda v: f"{v}x")
         rows.append((name, shown, note))
     for name, value, note in rows:
         print(f"  {name:<24} {value:>18}   {note}".rstrip())
+    if "profile" in r:
+        from bench.profile_step import format_breakdown
+        print(f"  profile: {r['profile']['error']}" if "error" in r["profile"] else format_breakdown(r["profile"]))
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=sorted(SUITES), default="cpu")
-    p.add_argument("--tasks", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES))
+    p.add_argument("--tasks", nargs="+", choices=list(OBJECTIVES),
+                   help="the suite's tasks to run (default: the suite's default_tasks; llama: gpu and tiny)")
+    p.add_argument("--dropout", choices=["config", "0", "both"],
+                   help="the config's dropout rates, all 0, or a row of each (default: the suite's: gpu both)")
     p.add_argument("--steps", type=int, help="timed steps after two warm-up steps (default: the suite's)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: the suite's)")
     p.add_argument("--cpu_chunk_tokens", type=int,
@@ -389,7 +526,17 @@ def parse_args(argv):
     p.add_argument("--peak_flops", type=float, help="device peak FLOP/s for MFU (default: flaxlm.training.flops)")
     p.add_argument("--reference", default="auto", metavar="PYTHON",
                    help="interpreter for the suite's reference script, run in this command; 'none' to skip")
-    p.add_argument("--torch_compile", action="store_true", help="gpu suite: torch.compile the reference model")
+    p.add_argument("--torch_compile", action=argparse.BooleanOptionalAction,
+                   help="gpu suite: torch.compile the transformers reference (default: on for the gpu suite)")
+    p.add_argument("--compare", nargs="+", choices=COMPARE, default=list(COMPARE),
+                   help="gpu suite: the references run beside ours (nanogpt: the GPT-2 task only)")
+    p.add_argument("--reference_dropout", choices=["0", "config", "both"], default="both",
+                   help="the rows the references run beside: the dropout-0 ones, the config-dropout ones, or all")
+    p.add_argument("--profile", metavar="DIR",
+                   help="after timing, trace --profile_steps steps into DIR/<row> and print where the time goes")
+    p.add_argument("--profile_steps", type=int, default=3, help="steps traced with --profile")
+    p.add_argument("--halve_on_oom", action=argparse.BooleanOptionalAction, default=True,
+                   help="run a row that runs out of device memory again at half the batch")
     p.add_argument("--memory_only", action="store_true",
                    help="only compile each step from abstract inputs and report the compiler's memory estimate")
     p.add_argument("--compile_for", metavar="SLICE",
@@ -426,8 +573,12 @@ def parse_args(argv):
         from flaxlm.planning.tpu_slices import tpu_slice
         a.target, a.memory_only = tpu_slice(a.compile_for), True
     suite = SUITES[a.suite]
+    if a.tasks and set(a.tasks) - set(suite["tasks"]):
+        raise UserError(f"--tasks {' '.join(sorted(set(a.tasks) - set(suite['tasks'])))}: not in the {a.suite} "
+                        f"suite, whose tasks are {', '.join(suite['tasks'])}")
+    tasks_given, a.tasks = a.tasks, a.tasks or suite["default_tasks"]
     if a.preset:
-        if a.tasks != ["clm"]:
+        if tasks_given != ["clm"]:
             raise UserError("--preset names a causal LM; add --tasks clm")
         config = build_config(a.preset)
         suite = SUITES[a.suite] = {**suite, "tasks": {**suite["tasks"], "clm": dict(
@@ -438,6 +589,8 @@ def parse_args(argv):
         for task in a.tasks:
             suite["tasks"][task] = {**suite["tasks"][task], **({"seq": a.seq} if a.seq else {}),
                                     **({"batch": a.batch} if a.batch else {})}
+    a.dropout = a.dropout or suite["dropout"]
+    a.torch_compile = a.suite == "gpu" if a.torch_compile is None else a.torch_compile
     a.steps = suite["steps"] if a.steps is None else a.steps
     a.dtype = a.dtype or suite["dtype"]
     a.cpu_chunk_tokens = suite["cpu_chunk_tokens"] if a.cpu_chunk_tokens is None else a.cpu_chunk_tokens
@@ -447,6 +600,8 @@ def parse_args(argv):
         a.process_per_task = a.suite == "gpu" and not a.memory_only
     if a.steps < 1:
         raise UserError(f"--steps {a.steps}: time at least 1 step")
+    if a.profile and a.memory_only:
+        raise UserError("--profile traces steps that --memory_only does not run; drop one of them")
     if a.rounds < 1 or (a.rounds > 1 and a.memory_only):
         raise UserError(f"--rounds {a.rounds}: use at least 1 (and 1 with --memory_only, which times nothing)")
     return a
@@ -458,24 +613,30 @@ def main(argv=None):
     suite = SUITES[a.suite]
     python = None if a.worker or a.memory_only else reference_python(a)
     out = {"suite": a.suite, "dtype": a.dtype, "memory_only": a.memory_only, "reference_python": python,
+           "dropout": a.dropout, "torch_compile": a.torch_compile if python else None,
+           "compare": a.compare if python and suite["reference"] == "torch" else None,
+           "reference_dropout": a.reference_dropout if python else None,
            "execution": {"scan": a.scan_layers, "remat": a.remat_policy, "attention": a.attention_implementation,
                          "lm_head_chunk_rows": a.lm_head_chunk_rows, "donate": not a.no_donate,
                          "overlap": not a.sync_every_step},
            "tasks": {}}
     for task in a.tasks:
-        c = suite["tasks"][task]
-        r = measure_rounds(task, c, a, argv, python)
-        r["targets"] = check_targets(r, c.get("targets", {})) if "error" not in r else {}
-        out["tasks"][task] = r
-        if not a.worker:
-            print_table(task, c, r)
-            sys.stdout.flush()
+        for dropout in row_dropouts(a, task, suite["tasks"][task]):
+            c = {**suite["tasks"][task], "dropout": dropout}
+            r = measure_rounds(task, c, a, argv, python if a.reference_dropout in ("both", dropout) else None)
+            r["targets"] = ({} if "error" in r else
+                            check_targets(r, row_targets(c), out["tasks"].get(row_key(task, "0"))))
+            out["tasks"][row_key(task, dropout)] = r
+            if not a.worker:
+                print_table(task, c, r)
+                sys.stdout.flush()
+                if a.json:  # after each row: a run cut short keeps what it measured
+                    with open(a.json, "w") as f:
+                        json.dump(out, f, indent=1)
     if a.worker:
         with open(a.worker, "w") as f:
             json.dump(out["tasks"], f)
     elif a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
         print(f"\nwrote {a.json}")
 
 

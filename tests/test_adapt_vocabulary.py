@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 import adapt_vocabulary
 from flaxlm.adaptation.focus import sparsemax
 from flaxlm.adaptation.pieces import BYTE_LEVEL, METASPACE, WORDPIECE, Pieces, convention, token_key
-from flaxlm.adaptation.rows import flat, vocabulary_axes
+from flaxlm.models.vocabulary_tensors import flat, vocabulary_axes
 from flaxlm.adaptation.vocabulary import build_rules, special_rules
 from flaxlm.models import abstract_model, apply_model, create_model, load_pretrained, save_pretrained, split_model
 from flaxlm.models.hf_io import load_config

@@ -144,7 +144,7 @@ def test_2_processes_prepare_disjoint_shares_equal_to_1_process_of_2_workers(pod
     with pytest.raises(UserError, match=r"lacks finished shards of train job\(s\) \[1\]: on a multi-host run"):
         preparing.write_manifest(str(continued), about["jobs"], about)
     files = {f.name: f.stat().st_mtime_ns for f in continued.iterdir()}
-    expect_user_error(prepare_data.main, prepare_args(model_dir, corpus, continued), r"differ in jobs")
+    expect_user_error(prepare_data.main, prepare_args(model_dir, corpus, continued), r"other settings \(jobs: \{'train': 2, 'validation': 2\} -> \{'train': 1, 'validation': 1\} per split")
     assert {f.name: f.stat().st_mtime_ns for f in continued.iterdir()} == files  # 1 job: refused, nothing touched
     prepare_data.main(prepare_args(model_dir, corpus, continued, "--preprocessing_num_workers", "2"))
     assert (continued / "train-000-00000.input_ids").stat().st_mtime_ns == files["train-000-00000.input_ids"]

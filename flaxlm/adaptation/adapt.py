@@ -4,7 +4,8 @@ import copy
 import os
 
 from flaxlm.adaptation.extend import extend_tokenizer
-from flaxlm.adaptation.rows import check_rows, rebuild, vocabulary_axes
+from flaxlm.adaptation.rows import check_rows, rebuild
+from flaxlm.models.vocabulary_tensors import vocabulary_axes
 from flaxlm.adaptation.vocabulary import build_rules, check_roles, coverage
 from flaxlm.errors import UserError
 from flaxlm.files import check_writable_dir

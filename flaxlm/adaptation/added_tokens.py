@@ -8,12 +8,14 @@ import copy
 import jax
 import numpy as np
 
-from flaxlm.adaptation.rows import vocabulary_axes
+from flaxlm.models.vocabulary_tensors import vocabulary_axes
 from flaxlm.models.convert import get_path, set_path
+from flaxlm.models.vocab_padding import padded_rows
 
 
-def add_special_tokens(tokenizer, config, params, tokens):
-    """(tokenizer, config, params) with `tokens` added: copies; params as numpy on the host."""
+def add_special_tokens(tokenizer, config, params, tokens, multiple=1):
+    """(tokenizer, config, params) with `tokens` added: copies; params as numpy on the host. multiple: the tables'
+    rows padded to a multiple of it in memory (--pad_vocab_multiple: zeros past config.vocab_size, before and after)."""
     pieces = {t: tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"] for t in tokens}
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": list(tokens)}, replace_extra_special_tokens=False)
@@ -23,8 +25,9 @@ def add_special_tokens(tokenizer, config, params, tokens):
     grown = max(config.vocab_size, len(tokenizer))
     out = {}
     for path, axis in axes.items():
-        old_VX = np.moveaxis(np.asarray(get_path(params, path)), axis, 0)
-        new_VX = np.concatenate([old_VX, np.zeros((grown - len(old_VX), *old_VX.shape[1:]), old_VX.dtype)])
+        old_VX = np.moveaxis(np.asarray(get_path(params, path)), axis, 0)[:config.vocab_size]
+        rows = padded_rows(grown, multiple)
+        new_VX = np.concatenate([old_VX, np.zeros((rows - len(old_VX), *old_VX.shape[1:]), old_VX.dtype)])
         for token, new_id in zip(tokens, ids):
             new_VX[new_id] = old_VX[np.asarray(pieces[token])].mean(axis=0)
         out[path] = np.moveaxis(new_VX, 0, axis)

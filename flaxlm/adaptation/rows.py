@@ -1,39 +1,10 @@
-"""The vocabulary-shaped tensors of a model's params, rebuilt row by row for a new vocabulary.
-
-Which tensors those are is asked of the family itself: the abstract params of the config and of the same config
-one token larger differ exactly in them, on their vocabulary axis (input embeddings [V, D], an untied LM head
-kernel [D, V], BERT's MLM output bias [V], ...). Nothing is allocated to find them."""
-import copy
-
+"""The vocabulary-shaped tensors of a model's params (flaxlm.models.vocabulary_tensors finds them), rebuilt row by
+row for a new vocabulary."""
 import jax
 import numpy as np
 
 from flaxlm.errors import UserError
-from flaxlm.models import abstract_model
 from flaxlm.models.convert import get_path, set_path
-
-
-def flat(tree, prefix=()):
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    return {p: x for k, v in tree.items() for p, x in flat(v, (*prefix, k)).items()}
-
-
-def vocabulary_axes(config):
-    """{params path: vocabulary axis} of config's pretraining model; UserError when it has none."""
-    bigger = copy.deepcopy(config)
-    bigger.vocab_size = config.vocab_size + 1
-    shapes = flat(abstract_model(config)[1])
-    grown = flat(abstract_model(bigger)[1])
-    axes = {}
-    for path, x in shapes.items():
-        diff = [a for a, (n, m) in enumerate(zip(x.shape, grown[path].shape)) if n != m]
-        if diff:
-            axes[path] = diff[0]
-    if not axes:
-        raise UserError(f"found no embeddings of the vocabulary's size ({config.vocab_size}) in the "
-                        f"{config.model_type} model; it cannot be given a new vocabulary")
-    return axes
 
 
 def check_rows(params, axes, vocab_size):

@@ -96,11 +96,19 @@ class ModelArgs(ModelLoadingArgs):
                                           "is bfloat16); a LoRA run's frozen base: bfloat16 unless this says")
     attention_implementation: str = option("auto", choices=ATTENTION_IMPLEMENTATIONS,
                                            key="task.model.attention_implementation",
-                                           help="cudnn = fused flash attention on NVIDIA GPUs, bf16/fp16 only (used "
-                                                "where attention dropout is off: eval, or a rate of 0); splash = the "
-                                                "TPU's flash attention (Pallas; where there is no score bias and no "
-                                                "attention dropout, XLA elsewhere); xla = XLA's; auto lets JAX choose, "
-                                                "and takes splash on a TPU where it applies")
+                                           help="cudnn = fused flash attention on NVIDIA GPUs, bf16/fp16 only (with "
+                                                "attention dropout too, cuDNN's own masks, but not under "
+                                                "--scan_layers); splash = the TPU's flash attention (Pallas; where "
+                                                "there is no score bias and no attention dropout, XLA elsewhere); xla "
+                                                "= XLA's; auto lets JAX choose, takes splash on a TPU where it applies "
+                                                "and cuDNN on a GPU for attention dropout where it applies")
+    pad_vocab_multiple: int = option(1, minimum=1, key="task.model.pad_vocab_multiple",
+                                     help="a causal LM's token embeddings and LM head hold the vocabulary rounded up "
+                                          "to a multiple of this in memory (128: GPT-2's 50257 -> 50304, as nanoGPT), "
+                                          "for tile-aligned head matmuls on a GPU/TPU (a speed option: measure "
+                                          "whether it pays on the device); the padded rows are zeros and never "
+                                          "predicted, the loss is the same and the export has vocab_size rows; "
+                                          "resume a run's checkpoints with the same value. 1: no padding")
 
 
 @dataclass

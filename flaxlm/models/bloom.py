@@ -104,14 +104,15 @@ class BloomForCausalLM(CausalLM):
         self.slopes = alibi_slopes(N)
         self.dtype = compute_dtype(dtype)
         std, eps = config.initializer_range, config.layer_norm_epsilon
-        self.embed = embed(config.vocab_size, D, std, rngs)
+        Vp = self.vocab_rows(config, execution)  # config.vocab_size, or more with --pad_vocab_multiple
+        self.embed = embed(Vp, D, std, rngs, drawn=config.vocab_size)
         self.embed_norm = LayerNorm(D, eps, rngs)
         self.execution = execution or Execution()
         self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution) for _ in range(config.n_layer)])
         self.final_norm = LayerNorm(D, eps, rngs)
         self.tied = config_ties(config)
         if not self.tied:
-            self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
+            self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.kv_heads, self.head_dim = N, D // N
         self.max_positions = None  # ALiBi: no positions limit
 

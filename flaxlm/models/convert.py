@@ -8,6 +8,7 @@ import numpy as np
 from flaxlm.errors import UserError
 from flaxlm.models.build import abstract_model, create_model, model_class, split_model
 from flaxlm.models.registry import family_of
+from flaxlm.models.vocab_padding import cut_to, zero_padded
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +70,13 @@ def _list(names, limit=5):
 def to_hf_state_dict(config, params):
     """Our params -> {Hugging Face tensor name: numpy array}, as transformers' save_pretrained writes (for a
     fine-tuning head's params, as the task's *ForSequenceClassification / *ForQuestionAnswering): float32, or
-    bfloat16 where the params are (--param_dtype bfloat16)."""
+    bfloat16 where the params are (--param_dtype bfloat16). A vocabulary padded in memory (--pad_vocab_multiple)
+    is written in config.vocab_size rows, the shapes of the unpadded model."""
+    task = task_of(config, params)
+    _, shapes = abstract_model(config, task=task)  # unpadded
     out = {}
-    for hf, path, kind in name_map_of(config, task_of(config, params)).names:
-        x = np.asarray(get_path(params, path))
+    for hf, path, kind in name_map_of(config, task).names:
+        x = cut_to(np.asarray(get_path(params, path)), get_path(shapes, path).shape)
         x = x if x.dtype.name == "bfloat16" else x.astype(np.float32)
         out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
     return out
@@ -155,9 +159,11 @@ def from_hf_state_dict(config, tensors, *, init_params=None, seed=0, task=None):
     return params
 
 
-def place_hf_state_dict(config, tensors, shardings, *, param_dtype="float32", seed=0, task=None):
+def place_hf_state_dict(config, tensors, shardings, *, param_dtype="float32", seed=0, task=None, shapes=None):
     """from_hf_state_dict's params as jax Arrays, each tensor read straight into its place: shardings is a pytree
-    like the params of jax.sharding.Sharding (the train state's, e.g. fsdp over a mesh). One tensor at a time (a
+    like the params of jax.sharding.Sharding (the train state's, e.g. fsdp over a mesh); shapes (optional), one like
+    it of the model's parameter shapes: a vocabulary table padded there (--pad_vocab_multiple) gets zero rows past
+    the checkpoint's. One tensor at a time (a
     hf_io.LazyTensor is read when its turn comes), each device gets its slice in the file's dtype and casts it to
     param_dtype ("float32" master weights, or "bfloat16"): the host holds one tensor, never the model."""
     import jax.numpy as jnp
@@ -166,7 +172,11 @@ def place_hf_state_dict(config, tensors, shardings, *, param_dtype="float32", se
     dtype = jnp.dtype(param_dtype)
     params = {}
     for hf, path, kind in expected:
-        x = _place(np.asarray(tensors[hf]), kind == "linear", get_path(shardings, path))
+        x = np.asarray(tensors[hf])
+        if shapes is not None:  # in the file's layout: a torch Linear's weight is our kernel transposed
+            shape = get_path(shapes, path).shape
+            x = zero_padded(x, shape[::-1] if kind == "linear" else shape)
+        x = _place(x, kind == "linear", get_path(shardings, path))
         # waited for, so that the host's copy and the file-dtype one are freed before the next tensor comes
         set_path(params, path, (x if x.dtype == dtype else _cast(x, dtype)).block_until_ready())
     return params

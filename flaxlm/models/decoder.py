@@ -10,6 +10,7 @@ from flax import nnx
 
 from flaxlm.models import kv_cache
 from flaxlm.models.layers import LMHead, fold_key, lora_dropout_key, with_token_rows
+from flaxlm.models.vocab_padding import padded_rows
 
 LORA_KEYS = 7919  # the adapters' dropout keys: the dropout key folded with this, then the layer's index
 
@@ -17,7 +18,21 @@ LORA_KEYS = 7919  # the adapters' dropout keys: the dropout key folded with this
 class CausalLM(nnx.Module):
     """A family's causal-LM model builds on this. Its __init__ sets embed (the token nnx.Embed), layers,
     execution, dtype, tied (and lm_head, a bias-free dense, when untied), kv_heads and head_dim (the cache's
-    shape); it defines embed_input and may redefine call_layer and head_input."""
+    shape); it defines embed_input and may redefine call_layer and head_input. Its vocabulary tables hold
+    vocab_rows(config, execution) rows (padded past config.vocab_size with --pad_vocab_multiple)."""
+    vocab_size = None  # the true vocabulary when the tables are padded past it (the head cuts to it); None: not padded
+
+    def vocab_rows(self, config, execution):
+        """The rows of the vocabulary tables in memory: config.vocab_size rounded up to a multiple of
+        execution.vocab_multiple (flaxlm.models.vocab_padding); sets vocab_size."""
+        rows = padded_rows(config.vocab_size, execution.vocab_multiple if execution else 1)
+        self.vocab_size = config.vocab_size if rows != config.vocab_size else None
+        return rows
+
+    def set_vocab_size(self, size):
+        """The true vocabulary once the tables (grown: an added token, an adapter's rows) hold `size` tokens."""
+        rows = self.embed.embedding.get_value().shape[0]
+        self.vocab_size = size if size != rows else None
 
     def embed_input(self, input_ids_BL, positions_BL, dropout_key):
         """The first layer's input [B, L, D] in the compute dtype."""
@@ -54,4 +69,5 @@ class CausalLM(nnx.Module):
         """The LM head: the token embeddings (tied) or lm_head's kernel, with their trained token rows (LoRA's)."""
         weight = (with_token_rows(self.embed, self.embed.embedding[...]) if self.tied
                   else with_token_rows(self.lm_head, self.lm_head.kernel[...], axis=1))
-        return LMHead(weight, self.tied, self.dtype, softcap=getattr(self, "logit_softcap", None))
+        return LMHead(weight, self.tied, self.dtype, softcap=getattr(self, "logit_softcap", None),
+                      vocab_size=self.vocab_size)

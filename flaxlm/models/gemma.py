@@ -120,14 +120,15 @@ class GemmaForCausalLM(CausalLM):
                             "to false in config.json")
         self.dtype = compute_dtype(dtype)
         D, std = config.hidden_size, config.initializer_range
-        self.embed = embed(config.vocab_size, D, std, rngs)
+        Vp = self.vocab_rows(config, execution)  # config.vocab_size, or more with --pad_vocab_multiple
+        self.embed = embed(Vp, D, std, rngs, drawn=config.vocab_size)
         self.embed_scale = float(np.float32(D ** 0.5))  # transformers' float32 buffer, rounded again to dtype
         self.execution = execution or Execution()
         self.layers = nnx.List([self.make_layer(config, i, rngs) for i in range(config.num_hidden_layers)])
         self.final_norm = norm(D, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", True))
         if not self.tied:
-            self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
+            self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.logit_softcap = self.final_softcap(config)
         self.kv_heads, self.head_dim = K, H
         self.max_positions = config.max_position_embeddings

@@ -74,14 +74,15 @@ class GPT2LMHeadModel(CausalLM):
         activation(config.activation_function)
         self.dtype = compute_dtype(dtype)
         D, std = config.n_embd, config.initializer_range
-        self.embed = embed(config.vocab_size, D, std, rngs)
+        Vp = self.vocab_rows(config, execution)  # config.vocab_size, or more with --pad_vocab_multiple
+        self.embed = embed(Vp, D, std, rngs, drawn=config.vocab_size)
         self.position = embed(config.n_positions, D, std, rngs)
         self.execution = execution or Execution()
         self.layers = nnx.List([Block(config, i, self.dtype, rngs, self.execution) for i in range(config.n_layer)])
         self.final_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
         self.tied = getattr(config, "tie_word_embeddings", True)
         if not self.tied:
-            self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
+            self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.dropout_rate = config.embd_pdrop
         self.kv_heads, self.head_dim = config.n_head, D // config.n_head
         self.max_positions = config.n_positions

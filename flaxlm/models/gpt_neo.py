@@ -95,7 +95,8 @@ class GPTNeoForCausalLM(CausalLM):
         activation(config.activation_function)
         self.dtype = compute_dtype(dtype)
         std = config.initializer_range
-        self.embed = embed(config.vocab_size, D, std, rngs)
+        Vp = self.vocab_rows(config, execution)  # config.vocab_size, or more with --pad_vocab_multiple
+        self.embed = embed(Vp, D, std, rngs, drawn=config.vocab_size)
         self.position = embed(config.max_position_embeddings, D, std, rngs)
         self.execution = execution or Execution()
         self.layers = nnx.List([Block(config, config.window_size if kind == "local" else None, self.dtype, rngs,
@@ -103,7 +104,7 @@ class GPTNeoForCausalLM(CausalLM):
         self.final_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
         self.tied = config_ties(config)
         if not self.tied:
-            self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
+            self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.dropout_rate = config.embed_dropout
         self.kv_heads, self.head_dim = N, D // N
         self.max_positions = config.max_position_embeddings

@@ -109,12 +109,13 @@ class GPTJForCausalLM(CausalLM):
         self.inv_freq = inverse_frequencies(SimpleNamespace(rope_theta=10000.0), rotary_dim)  # GPT-J's fixed base
         self.dtype = compute_dtype(dtype)
         V, std = config.vocab_size, config.initializer_range
-        self.embed = embed(V, D, std, rngs)
+        Vp = self.vocab_rows(config, execution)  # V, or more with --pad_vocab_multiple
+        self.embed = embed(Vp, D, std, rngs, drawn=V)
         self.execution = execution or Execution()
         self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution) for _ in range(config.n_layer)])
         self.final_norm = LayerNorm(D, config.layer_norm_epsilon, rngs)
         self.tied = config_ties(config)
-        self.lm_head = HeadBias(V) if self.tied else dense(D, V, self.dtype, std, rngs)
+        self.lm_head = HeadBias(Vp) if self.tied else dense(D, Vp, self.dtype, std, rngs, drawn=V)
         self.dropout_rate = config.embd_pdrop
         self.kv_heads, self.head_dim = N, D // N
         self.max_positions = config.n_positions
@@ -129,7 +130,7 @@ class GPTJForCausalLM(CausalLM):
         """The LM head with its bias: the token embeddings (tied) or lm_head's kernel."""
         weight = (with_token_rows(self.embed, self.embed.embedding[...]) if self.tied
                   else with_token_rows(self.lm_head, self.lm_head.kernel[...], axis=1))
-        return LMHead(weight, self.tied, self.dtype, bias=self.lm_head.bias[...])
+        return LMHead(weight, self.tied, self.dtype, bias=self.lm_head.bias[...], vocab_size=self.vocab_size)
 
 
 def tensor_names(config):

@@ -6,10 +6,13 @@ rematerialized (jax.checkpoint), and which kernel computes attention.
 
 Execution is a static attribute of the model (part of its graphdef), never saved: the parameters keep their
 per-layer layout (layers/0/..., layers/1/...) whatever it says, so checkpoints and Hugging Face exports are
-the same with or without it. Under scan the layers' parameters are stacked at call time (one copy of the
+the same with or without it (but for vocab_multiple's padded vocabulary rows, which the checkpoints of a run
+hold and its exports do not). Under scan the layers' parameters are stacked at call time (one copy of the
 stack's weights per step; the gradient flows back to each layer's own parameters) and XLA compiles one layer
 instead of N: same results, much less compile time for deep models.
 """
+import contextlib
+import contextvars
 import dataclasses
 
 import jax
@@ -26,12 +29,17 @@ class Execution:
     """scan: the layers under jax.lax.scan; remat: what each layer keeps for the backward pass (REMAT_POLICIES:
     none keeps everything, full nothing, dots_saveable the matmul outputs, dots_with_no_batch_dims_saveable the
     outputs of matmuls against weights); attention: jax.nn.dot_product_attention's implementation (auto: JAX
-    chooses)."""
+    chooses); vocab_multiple: a causal LM's vocabulary tables padded in memory to a multiple of it
+    (flaxlm.models.vocab_padding; 1: not padded), the one field that changes parameter shapes (never the export's).
+    """
     scan: bool = False
     remat: str = "none"
     attention: str = "auto"
+    vocab_multiple: int = 1
 
     def __post_init__(self):
+        if self.vocab_multiple < 1:
+            raise UserError(f"--pad_vocab_multiple {self.vocab_multiple} must be at least 1 (1: no padding)")
         if self.remat not in REMAT_POLICIES:
             raise UserError(f"unknown remat policy {self.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
@@ -113,12 +121,31 @@ def run_layers(layers, x, call, execution=None, per_layer=None):
         return x, None
     stack = lambda *arrays: jnp.stack(arrays)  # noqa: E731  (leaf by leaf, across the groups)
     in_groups = lambda items, j: [items[g * period + j] for g in range(groups)]  # noqa: E731
-    x, _ = jax.lax.scan(body, x, (jnp.arange(groups, dtype=jnp.int32),
-                                  [jax.tree.map(stack, *in_groups(states, j)) for j in range(period)],
-                                  [jax.tree.map(stack, *in_groups(per_layer, j)) for j in range(period)]))
+    with _layer_scan():
+        x, _ = jax.lax.scan(body, x, (jnp.arange(groups, dtype=jnp.int32),
+                                      [jax.tree.map(stack, *in_groups(states, j)) for j in range(period)],
+                                      [jax.tree.map(stack, *in_groups(per_layer, j)) for j in range(period)]))
     for i in range(groups * period, len(layers)):
         x = layer_fn(graphdefs[i], i)(x, states[i], per_layer[i])
     return x
+
+
+_IN_LAYER_SCAN = contextvars.ContextVar("in_layer_scan", default=False)
+
+
+def in_layer_scan():
+    """Whether the layers being traced run under run_layers' jax.lax.scan: one kernel per layer group, run once
+    per group, forward in order and backward in reverse (cudnn_dropout.where_not)."""
+    return _IN_LAYER_SCAN.get()
+
+
+@contextlib.contextmanager
+def _layer_scan():
+    token = _IN_LAYER_SCAN.set(True)
+    try:
+        yield
+    finally:
+        _IN_LAYER_SCAN.reset(token)
 
 
 def repeating_period(graphdefs):

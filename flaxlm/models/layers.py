@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models import matmul, splash
+from flaxlm.models import cudnn_dropout, matmul, splash
+from flaxlm.models.vocab_padding import drawn_then_zeros
 from flaxlm.platform import splash_compiles
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -124,11 +125,15 @@ def normal_init(std, cutoff=None):
     return nnx.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff)
 
 
-def dense(d_in, d_out, dtype, std, rngs, use_bias=True, cutoff=None):
+def dense(d_in, d_out, dtype, std, rngs, use_bias=True, cutoff=None, drawn=None):
     """A Linear with float32 parameters, normal(std) kernel [in, out] (truncated at +-cutoff * std if given), zero
-    bias, computing in dtype (its matmul: models.matmul.dot_general, whose weight gradient is the fast form on CPU)."""
+    bias, computing in dtype (its matmul: models.matmul.dot_general, whose weight gradient is the fast form on CPU).
+    drawn: only the first `drawn` outputs' columns drawn, the rest zeros (a padded vocabulary: vocab_padding)."""
+    kernel_init = normal_init(std, cutoff)
+    if drawn is not None:
+        kernel_init = drawn_then_zeros(kernel_init, drawn, axis=1)
     return Dense(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
-                 kernel_init=normal_init(std, cutoff), bias_init=nnx.initializers.zeros, rngs=rngs,
+                 kernel_init=kernel_init, bias_init=nnx.initializers.zeros, rngs=rngs,
                  dot_general=matmul.dot_general)
 
 
@@ -216,13 +221,21 @@ class LMHead(NamedTuple):
     dtype: Any  # the compute dtype of the matmul (float32 results)
     bias: Optional[jax.Array] = None  # [V], added to the logits (BERT's MLM head)
     softcap: Optional[float] = None  # logits -> softcap * tanh(logits / softcap) (Gemma 2's final soft-capping)
+    vocab_size: Optional[int] = None  # the true vocabulary when weight's V is padded past it (vocab_padding); None: V
 
     def logits(self, h_BLD):
-        """float32 logits [B, L, V] of the rows h_BLD (one 2-D matmul over the B * L rows)."""
+        """float32 logits [B, L, V] of the rows h_BLD (one 2-D matmul over the B * L rows); V the true vocabulary."""
         B, L, D = h_BLD.shape
         out_MV = lm_logits(h_BLD.reshape(B * L, D), self.weight, self.tied, self.dtype)
         out_MV = out_MV if self.bias is None else out_MV + self.bias
-        return soft_cap(out_MV, self.softcap).reshape(B, L, -1)
+        out_MV = soft_cap(out_MV, self.softcap)
+        # A padded vocabulary: the matmul runs over the padded width (the point of the padding), and the columns
+        # past the true vocabulary are cut off here rather than masked, so that whatever reads logits (generation,
+        # scoring, DPO) sees the unpadded model's exactly and can never pick a padding id. The fused training loss
+        # (lm_loss.head_xent) masks them instead, keeping its softmax over the padded width too.
+        if self.vocab_size is not None and self.vocab_size < out_MV.shape[-1]:
+            out_MV = out_MV[:, :self.vocab_size]
+        return out_MV.reshape(B, L, -1)
 
 
 def soft_cap(x, cap):
@@ -237,9 +250,13 @@ def untrained_at(x_BLD, ids_BL, row):
     return jnp.where((ids_BL == row)[..., None], jax.lax.stop_gradient(x_BLD), x_BLD)
 
 
-def embed(n, d, std, rngs, cutoff=None):
-    """A float32 embedding table [n, d], initialized normal(std) (truncated at +-cutoff * std if given)."""
-    return Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32, embedding_init=normal_init(std, cutoff), rngs=rngs)
+def embed(n, d, std, rngs, cutoff=None, drawn=None):
+    """A float32 embedding table [n, d], initialized normal(std) (truncated at +-cutoff * std if given); drawn: only
+    the first `drawn` rows drawn, the rest zeros (a padded vocabulary: vocab_padding)."""
+    init = normal_init(std, cutoff)
+    if drawn is not None:
+        init = drawn_then_zeros(init, drawn, axis=0)
+    return Embed(n, d, dtype=jnp.float32, param_dtype=jnp.float32, embedding_init=init, rngs=rngs)
 
 
 class RMSNorm(nnx.Module):
@@ -289,10 +306,12 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     no bias, no dropout in this call, no per-query mask, whole blocks of rows; elsewhere the XLA forms below.
     Without dropout or softcap this is jax.nn.dot_product_attention (with `implementation`: None lets JAX
     choose, "xla", "cudnn"); with a key and rate > 0, or a softcap, the probabilities are computed explicitly
-    (float32) so they can be dropped out as Hugging Face does. Causal rows of CAUSAL_HALVES_MIN_LENGTH or more (even) then run as two
-    halves of the queries, the first against the first half of the keys only: a quarter of the scores,
-    all of them masked, is skipped (a quarter less attention time, forward and backward, for GPT-2 small's
-    rows of 128 on a 2-core CPU).
+    (float32) so they can be dropped out as Hugging Face does, but for implementation "cudnn" (and None on an
+    NVIDIA GPU), which drops them out inside cuDNN's fused kernel where cudnn_dropout.where_not allows (with
+    cuDNN's masks, not layers.dropout's: flaxlm.models.cudnn_dropout). Causal rows of CAUSAL_HALVES_MIN_LENGTH
+    or more (even) then run as two halves of the queries, the first against the first half of the keys only: a
+    quarter of the scores, all of them masked, is skipped (a quarter less attention time, forward and backward,
+    for GPT-2 small's rows of 128 on a 2-core CPU).
     """
     (_, T, N, H), S = q_BTNH.shape, k_BSKH.shape[1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
@@ -310,9 +329,17 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     if mask is not None:
         mask = mask.astype(bool)
         mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]  # [B, 1, T or 1, S]
-    if bias is not None and implementation == "cudnn":
-        bias = bias.astype(q_BTNH.dtype)  # cuDNN takes the bias in the compute dtype
-    if (dropout_key is None or dropout_rate == 0.0) and softcap is None:
+    dropping = dropout_key is not None and dropout_rate > 0.0
+    if dropping and implementation in (None, "cudnn") and not cudnn_dropout.where_not(
+            q_BTNH.dtype, T, S, H, causal=causal, window=window, softcap=softcap,
+            masked=mask is not None or bias is not None):
+        return cudnn_dropout.attention(q_BTNH, k_BSKH, v_BSKH, mask, bias, causal=causal, scale=scale,
+                                       window=window, dropout_rate=dropout_rate)
+    if implementation == "cudnn":
+        bias = None if bias is None else bias.astype(q_BTNH.dtype)  # cuDNN takes the bias in the compute dtype
+        # and a mask as a bias of whole [T, S] rows (jax.nn passes a [B, 1, 1, S] padding mask on, and cuDNN refuses it)
+        mask = None if mask is None else jnp.broadcast_to(mask, (mask.shape[0], 1, T, S))
+    if not dropping and softcap is None:
         return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, bias=bias, mask=mask, is_causal=causal,
                                             scale=scale, implementation=implementation,
                                             local_window_size=None if window is None else

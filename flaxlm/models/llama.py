@@ -178,14 +178,15 @@ class LlamaForCausalLM(CausalLM):
         self.inv_freq = inverse_frequencies(config, H)
         self.dtype = compute_dtype(dtype)
         D, std = config.hidden_size, config.initializer_range
-        self.embed = embed(config.vocab_size, D, std, rngs)
+        Vp = self.vocab_rows(config, execution)  # config.vocab_size, or more with --pad_vocab_multiple
+        self.embed = embed(Vp, D, std, rngs, drawn=config.vocab_size)
         self.execution = execution or Execution()
         self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution, **self.layer_options(config, i))
                                 for i in range(config.num_hidden_layers)])
         self.final_norm = RMSNorm(D, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tied:
-            self.lm_head = dense(D, config.vocab_size, self.dtype, std, rngs, use_bias=False)
+            self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.kv_heads, self.head_dim = K, H
         self.max_positions = config.max_position_embeddings
 

@@ -139,7 +139,8 @@ def add_token_rows(model, config, ids):
     for site in token_sites(config):
         module = nodes[site.path]
         table = getattr(module, site.leaf).get_value()  # an abstract model's (--compile_for) is a ShapeDtypeStruct
-        rows, width = table.shape[site.axis], table.shape[1 - site.axis]
+        # the true vocabulary: a table padded past it (--pad_vocab_multiple) holds no token in its last rows
+        rows, width = min(table.shape[site.axis], config.vocab_size), table.shape[1 - site.axis]
         bad = [i for i in ids if not 0 <= i < rows]
         if bad:
             raise UserError(f"token id {bad[0]} is outside the model's vocabulary of {rows} rows; "
@@ -210,7 +211,7 @@ def save_merged(out_dir, config, params, lora, modules, base, dtype=None):
     checkpoint (not the run's copy, bfloat16 under LoRA), W + alpha / r * A B added in float32, the trained token
     rows in their tables (a vocabulary the run grew: its rows past the base's from params), everything in `dtype`
     (default: the base's, as transformers loads it). Returns the dtype's name."""
-    from flaxlm.adaptation.rows import vocabulary_axes
+    from flaxlm.models.vocabulary_tensors import vocabulary_axes
     from flaxlm.models import hf_io
     from flaxlm.models.convert import hf_tensors, name_map_of
     from flaxlm.models.pretrained import save_config
@@ -359,16 +360,20 @@ def _load_token_rows(model, config, lora, stored, tensors):
 
 def grow_vocabulary(model, config, size):
     """The model's vocabulary-sized tables grown to `size` rows (zeros; in place, config.vocab_size too): the room
-    an adapter's trainable tokens need past the base's vocabulary (PEFT's users resize the base so)."""
-    from flaxlm.adaptation.rows import vocabulary_axes
+    an adapter's trainable tokens need past the base's vocabulary (PEFT's users resize the base so). Tables padded
+    in memory (--pad_vocab_multiple) grow to size's padded rows (their padding rows are zeros already)."""
+    from flaxlm.models.vocabulary_tensors import vocabulary_axes
+    from flaxlm.models.vocab_padding import padded_rows
     nodes = {tuple(str(k) for k in p): node for p, node in nnx.iter_graph(model)}
+    rows = padded_rows(size, model.execution.vocab_multiple)
     for path, axis in vocabulary_axes(config).items():
         variable = getattr(nodes[tuple(path[:-1])], path[-1])
         x = variable[...]
         pad = [(0, 0)] * x.ndim
-        pad[axis] = (0, size - x.shape[axis])
+        pad[axis] = (0, max(0, rows - x.shape[axis]))
         variable.set_value(jnp.pad(x, pad))
     config.vocab_size = size
+    model.set_vocab_size(size)  # what the head cuts its logits to
 
 
 def _replicated_like(kernel):

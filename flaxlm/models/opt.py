@@ -85,7 +85,8 @@ class OPTForCausalLM(CausalLM):
         activation(config.activation_function)
         self.dtype = compute_dtype(dtype)
         std = config.init_std
-        self.embed = embed(V, W, std, rngs)
+        Vp = self.vocab_rows(config, execution)  # V, or more with --pad_vocab_multiple
+        self.embed = embed(Vp, W, std, rngs, drawn=V)
         pad = config.pad_token_id
         if pad is not None and 0 <= pad < V:  # Hugging Face zeroes the padding row at initialization
             self.embed.embedding[...] = self.embed.embedding[...].at[pad].set(0.0)
@@ -101,7 +102,7 @@ class OPTForCausalLM(CausalLM):
         self.final_norm = layer_norm(config, rngs) if final_norm else None  # post-LN models have none
         self.tied = getattr(config, "tie_word_embeddings", True)
         if not self.tied:
-            self.lm_head = dense(W, V, self.dtype, std, rngs, use_bias=False)
+            self.lm_head = dense(W, Vp, self.dtype, std, rngs, use_bias=False, drawn=V)
         self.kv_heads, self.head_dim = config.num_attention_heads, D // config.num_attention_heads
         self.max_positions = config.max_position_embeddings
 

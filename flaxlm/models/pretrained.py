@@ -53,7 +53,7 @@ def _load(path, config, dtype, seed, task, execution, shardings=None, param_dtyp
     else:
         shardings = shardings(abstract)
     params = place_hf_state_dict(config, hf_io.lazy_checkpoint(path), shardings, param_dtype=param_dtype, seed=seed,
-                                 task=task)
+                                 task=task, shapes=abstract)  # a padded vocabulary (execution's): zero rows
     return merge_model(graphdef, params)
 
 

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from flaxlm.models import apply_hidden
-from flaxlm.models.layers import lm_logits
 from flaxlm.models.lora import adapters_off
 from flaxlm.training.evaluation import collect_predictions
 from flaxlm.training.flops import decoder_lm_train_flops
@@ -27,14 +26,9 @@ FIGURES = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/acc
 
 
 def token_logps(h_BTD, head, labels_BT):
-    """float32 [B, T]: log p(label) of each row under the LM head (its bias and soft-capping included)."""
-    B, T, D = h_BTD.shape
-    logits = lm_logits(h_BTD.reshape(B * T, D), head.weight, head.tied, head.dtype)
-    if head.bias is not None:
-        logits = logits + head.bias
-    if head.softcap is not None:
-        logits = head.softcap * jnp.tanh(logits / head.softcap)
-    logp = jax.nn.log_softmax(logits.reshape(B, T, -1))
+    """float32 [B, T]: log p(label) of each row under the LM head (its bias and soft-capping included; a padded
+    vocabulary's columns cut off)."""
+    logp = jax.nn.log_softmax(head.logits(h_BTD))
     return jnp.take_along_axis(logp, labels_BT[..., None], axis=-1)[..., 0]
 
 

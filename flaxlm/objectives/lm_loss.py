@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from flaxlm.models.matmul import rows_contracted
+from flaxlm.models.vocab_padding import mask_padded_columns
 from flaxlm.platform import platform as target_platform
 
 CPU_CHUNK_ROWS = 256  # [256, V] float32 logits: 8 MiB at V = 8192; see the timings in head_xent
@@ -44,17 +45,21 @@ def head_loss_sums(h_BTD, head, labels_BT, weights_BT, chunk_rows=None):
     """An objective's sums for the rows h_BTD that a model returns with hidden=True, its head()
     (models.layers.LMHead) and each row's label and weight."""
     loss, accuracy = head_xent(h_BTD, head.weight, labels_BT, weights_BT, tied=head.tied, dtype=head.dtype,
-                               bias_V=head.bias, chunk_rows=chunk_rows, softcap=head.softcap)
+                               bias_V=head.bias, chunk_rows=chunk_rows, softcap=head.softcap,
+                               vocab_size=head.vocab_size)
     return {"loss_sum": loss, "accuracy_sum": accuracy, "weight_sum": weights_BT.sum()}
 
 
 def head_xent(h_BTD, weight, labels_BT, weights_BT, *, tied, dtype=jnp.float32, bias_V=None, chunk_rows=None,
-              shards=None, softcap=None):
+              shards=None, softcap=None, vocab_size=None):
     """(loss_sum, accuracy_sum) of the LM head over the hidden rows h_BTD; float32 scalars.
 
     weight: the token embeddings [V, D] (tied) or the head's kernel [D, V]; the matmuls run in `dtype`
     with float32 results; bias_V (optional) is added to the logits, then softcap (optional; Gemma 2's final
-    logit soft-capping) maps them to softcap * tanh(logits / softcap). weights_BT weighs each row's loss and
+    logit soft-capping) maps them to softcap * tanh(logits / softcap). vocab_size (optional): the true
+    vocabulary of a weight padded past it (--pad_vocab_multiple): the matmuls run over the padded width and the
+    columns past it are masked to float32's lowest value, so that they weigh exactly 0 in the softmax (and get
+    no gradient): the loss is the unpadded head's. weights_BT weighs each row's loss and
     correctness (0 leaves a row out); labels_BT are token ids. A row is correct when its label's logit is
     the largest (an exact tie counts). Gradients flow to h_BTD, weight, bias_V and weights_BT;
     accuracy_sum has none in h_BTD, weight and bias_V (it is piecewise constant there).
@@ -72,7 +77,8 @@ def head_xent(h_BTD, weight, labels_BT, weights_BT, *, tied, dtype=jnp.float32, 
     shards = jax.device_count() if shards is None else shards
     n, Tc = (1, T) if not chunk_rows else chunking(B, T, chunk_rows, shards)
     return _head_xent(h_BTD, weight, bias_V, labels_BT.astype(jnp.int32), weights_BT.astype(jnp.float32),
-                      bool(tied), jnp.dtype(dtype).name, n, Tc, None if softcap is None else float(softcap))
+                      bool(tied), jnp.dtype(dtype).name, n, Tc, None if softcap is None else float(softcap),
+                      None if vocab_size is None else int(vocab_size))
 
 
 def chunking(B, T, chunk_rows, shards=1):
@@ -84,15 +90,17 @@ def chunking(B, T, chunk_rows, shards=1):
     return n, math.ceil(T / n)
 
 
-def _chunk(h_CD, w, bias_V, labels_C, weights_C, tied, with_grads, softcap=None):
+def _chunk(h_CD, w, bias_V, labels_C, weights_C, tied, with_grads, softcap=None, vocab_size=None):
     """One chunk: (loss_sum, accuracy_sum, xent_C, correct_C) and, with_grads, (dh_CD, dweight_DV, dbias_V)
-    of its loss sum. dweight_DV is [D, V] also when tied (the transposed product is the faster one on CPU)."""
+    of its loss sum. dweight_DV is [D, V] also when tied (the transposed product is the faster one on CPU).
+    vocab_size: the columns past it (a padded vocabulary's) masked out."""
     logits_CV = jnp.einsum("cd,vd->cv" if tied else "cd,dv->cv", h_CD, w, preferred_element_type=jnp.float32)
     if bias_V is not None:
         logits_CV = logits_CV + bias_V
     if softcap is not None:
         capped_CV = jnp.tanh(logits_CV / softcap)
         logits_CV = capped_CV * softcap
+    logits_CV = mask_padded_columns(logits_CV, vocab_size)  # after the cap, which would bound the mask
     max_C = logits_CV.max(-1)
     exp_CV = jnp.exp(logits_CV - max_C[:, None])
     sumexp_C = exp_CV.sum(-1)
@@ -127,7 +135,7 @@ def _from_chunks(x_NBC, T):
     return jnp.moveaxis(x_NBC, 0, 1).reshape(B, n * Tc, *x_NBC.shape[3:])[:, :T]
 
 
-def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_grads, softcap):
+def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_grads, softcap, vocab_size):
     """Scan the chunks: (loss_sum, accuracy_sum, xent_BT, correct_BT), and with_grads (dh_BTD, dweight,
     dbias_V) in h_BTD's, weight's and bias_V's shapes (float32)."""
     (B, T, D), V = h_BTD.shape, weight.shape[0 if tied else 1]
@@ -139,7 +147,7 @@ def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_
     def body(carry, chunk):
         h_BCD, labels_BC, weights_BC = chunk
         sums, grads = _chunk(h_BCD.reshape(B * Tc, D), w, bias_V, labels_BC.reshape(-1), weights_BC.reshape(-1),
-                             tied, with_grads, softcap)
+                             tied, with_grads, softcap, vocab_size)
         loss, accuracy, xent_C, correct_C = sums
         sums = (loss, accuracy, xent_C.reshape(B, Tc), correct_C.reshape(B, Tc))
         if not with_grads:
@@ -158,21 +166,22 @@ def _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, with_
     return sums, (_from_chunks(out[4], T), dweight_DV.T if tied else dweight_DV, dbias_V)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
-def _head_xent(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, softcap):
-    (loss, accuracy, _, _), _ = _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, False, softcap)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
+def _head_xent(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, softcap, vocab_size):
+    (loss, accuracy, _, _), _ = _run(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, False, softcap,
+                                     vocab_size)
     return loss, accuracy
 
 
-def _head_xent_fwd(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, softcap):
+def _head_xent_fwd(h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, softcap, vocab_size):
     (loss, accuracy, xent_BT, correct_BT), (dh_BTD, dweight, dbias_V) = _run(
-        h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, True, softcap)
+        h_BTD, weight, bias_V, labels_BT, weights_BT, tied, dtype, n, Tc, True, softcap, vocab_size)
     grads = (dh_BTD.astype(h_BTD.dtype), dweight.astype(weight.dtype),
              None if bias_V is None else dbias_V.astype(bias_V.dtype))
     return (loss, accuracy), (grads, xent_BT, correct_BT)
 
 
-def _head_xent_bwd(tied, dtype, n, Tc, softcap, res, cotangents):
+def _head_xent_bwd(tied, dtype, n, Tc, softcap, vocab_size, res, cotangents):
     (dh_BTD, dweight, dbias_V), xent_BT, correct_BT = res
     g_loss, g_accuracy = cotangents
 

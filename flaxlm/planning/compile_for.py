@@ -190,6 +190,7 @@ def describe_run(args, model_args, params, objective, layout):
 def check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, sample_rows,
               vocab_size=None):
     """Compile, print the table and return when both steps fit the slice's HBM; UserError (exit 2) when not."""
+    from flaxlm.training.pipeline import vocab_rows
     if model_args.attention_implementation == "splash":
         from flaxlm.models.layer_stack import check_splash_compiles
         check_splash_compiles(target.generation.kind, target.name)
@@ -197,7 +198,8 @@ def check_fit(target, args, model_args, params, objective, mesh, micro_batch, ev
     print(f"compiling for {target.name} ({target.topology}, {target.num_devices} "
           f"device{'s' if target.num_devices > 1 else ''}) ...", flush=True)
     try:
-        r = compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch, sample_rows, vocab_size)
+        r = compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch, sample_rows,
+                          vocab_rows(vocab_size, model_args))  # --train_only embeddings: the tables' rows
     except DoesNotFit as e:
         raise UserError(f"the run does not fit {target.name}: the TPU compiler says \"{e}\"{over_by(str(e))}; "
                         f"try {help_}") from None

@@ -10,6 +10,7 @@ that fails (disk full, permissions) is an error naming the path; the earlier che
 """
 import contextlib
 import os
+import pathlib
 import shutil
 import sys
 
@@ -83,6 +84,8 @@ class Checkpointer:
             try:
                 state, meta = self.restore(step, like_state)
                 return step, state, meta
+            except UserError:  # readable, but another model's: the run's flags, not the checkpoint, are wrong
+                raise
             except Exception as e:  # any failure to read means: not a usable checkpoint
                 self._set_aside(step, e)
         raise UserError(f"--resume_from_checkpoint latest: no readable checkpoint in {self.root}; "
@@ -107,9 +110,23 @@ class Checkpointer:
         if callable(like_state):
             like_state = like_state(step)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
+        self.check_shapes(step, abstract)
         got = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                  meta=ocp.args.JsonRestore()))
         return got.state, got.meta
+
+    def check_shapes(self, step, abstract):
+        """UserError when the checkpoint's parameters have other shapes than this run's: a run started with other
+        model flags (--pad_vocab_multiple, another config.json); the checkpoint is left where it is."""
+        stored = ocp.StandardCheckpointHandler().metadata(pathlib.Path(self.path(step), "state"))
+        stored = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in
+                  jax.tree_util.tree_leaves_with_path(stored.get("params", {})) if hasattr(x, "shape")}
+        for path, x in jax.tree_util.tree_leaves_with_path(abstract.get("params", {})):
+            name = jax.tree_util.keystr(path)
+            if name in stored and stored[name] != tuple(x.shape):
+                raise UserError(f"checkpoint {self.path(step)} holds params{name} of shape {stored[name]}, this run's "
+                                f"model has {tuple(x.shape)}; resume with the model flags the run was started with "
+                                f"(--pad_vocab_multiple, --config_name)")
 
     def latest_step(self):
         return self.manager.latest_step()
@@ -152,6 +169,8 @@ def restore_for_resume(resume_from_checkpoint, checkpointer, like_state):
     source = checkpointer if checkpoint_root(output_dir) == checkpointer.root else Checkpointer(output_dir)
     try:
         state, meta = source.restore(step, like_state)
+    except UserError:
+        raise
     except Exception as e:
         raise UserError(f"--resume_from_checkpoint {resume_from_checkpoint}: {source.path(step)} cannot be read "
                         f"({type(e).__name__}); pass an earlier step directory or 'latest'") from None

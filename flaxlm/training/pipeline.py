@@ -16,6 +16,7 @@ def start_run(args, model_args):
     from flaxlm.training.compile_cache import enable_compilation_cache
     from flaxlm.training.output_dir import check_hub_access, prepare_output_dir
     from flaxlm.training import freeze
+    _SAID.clear()  # say_attention's lines: once per run
     freeze.check_options(args)
     if args.compile_for:  # config.json is all it reads of a checkpoint
         return None  # the steps are traced for the slice in flaxlm.planning.compile_for.compile_steps
@@ -66,6 +67,7 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
     the model's shapes only (jax.ShapeDtypeStruct parameters), no weights read or initialized."""
     from flaxlm.models import create_model, load_config, load_for_task, load_pretrained, model_class, task_config
     from flaxlm.models.hf_io import has_weights, resolve_dir
+    from flaxlm.platform import splash_compiles
     check_model_type_known(model_args.model_type, script, task)
     path = model_args.model_name_or_path or model_args.config_name
     if model_args.config_overrides and (path or not model_args.model_type):
@@ -80,8 +82,10 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
     else:
         model_class(config, task)  # UserError unless the family has the task's head
     check_model_type(model_args, config)
+    check_vocab_padding(model_args, config)
     execution = model_execution(model_args)
-    say_attention(config, execution.attention)
+    say_attention(config, execution.attention, tpu=abstract or splash_compiles(),  # abstract: --compile_for, a TPU
+                  scan=execution.scan)
     param_dtype = getattr(model_args, "param_dtype", None) or "float32"
     if not model_args.model_name_or_path or abstract:  # new, from --config_name or --model_type (or shapes only)
         if task is not None:
@@ -195,29 +199,66 @@ def check_script_trains(script, config, source):
 ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop")  # config.json's names
 
 
-def say_attention(config, attention):
-    """One line when --attention_implementation splash meets a model it cannot compute in full: a family whose
-    attention adds a bias to the scores (XLA attention throughout), or attention dropout (XLA while training)."""
+def say_attention(config, attention, tpu=False, scan=False):
+    """One line, once per run, when the attention kernel asked for cannot compute the model in full: splash
+    (--attention_implementation splash, or auto on a TPU: `tpu`, also --compile_for's) meeting a family whose
+    attention adds a bias to the scores (XLA attention throughout) or attention dropout (XLA while training), or
+    cudnn meeting attention dropout under --scan_layers (`scan`: XLA while training; flaxlm.models.cudnn_dropout)."""
     from flaxlm.models import family_of
-    if attention != "splash":
-        return
     family = family_of(config)
-    if family.no_splash:
-        print(f"--attention_implementation splash: {family.name} attends with XLA ({family.no_splash}, which the "
-              f"splash kernel cannot take)", flush=True)
+    key, rate = next(((k, getattr(config, k)) for k in ATTENTION_DROPOUT if getattr(config, k, None)), (None, 0))
+    turn_off = (f"{key}=0 (create_config.py --set {key}=0, --config_overrides {key}=0 with --model_type, or in "
+                f"config.json)")
+    if attention == "cudnn" and rate and scan:
+        _say_once(f"--attention_implementation cudnn: {family.name} drops out attention probabilities ({key}={rate} "
+                  f"in config.json), which cuDNN's kernel cannot under --scan_layers (its masks would not match "
+                  f"between the forward pass and the backward's reversed layers): XLA attention with [B, N, T, S] "
+                  f"float32 scores while training; drop --scan_layers, or train without it: {turn_off}")
+    if not (attention == "splash" or (attention == "auto" and tpu)):
         return
-    rate = next((getattr(config, k) for k in ATTENTION_DROPOUT if getattr(config, k, None)), 0)
+    head = "--attention_implementation splash" if attention == "splash" else "TPU attention (auto)"
+    if family.no_splash:
+        if attention == "splash":
+            _say_once(f"{head}: {family.name} attends with XLA ({family.no_splash}, which the splash kernel cannot "
+                      f"take)")
+        return
     if rate:
-        print(f"--attention_implementation splash: {family.name} drops out attention probabilities (rate {rate} in "
-              f"config.json), which the splash kernel cannot: XLA attention while training, splash in evaluation "
-              f"(set the rate to 0 for splash throughout)", flush=True)
+        _say_once(f"{head}: {family.name} drops out attention probabilities ({key}={rate} in config.json), which "
+                  f"the splash kernel cannot: XLA attention with [B, N, T, S] float32 scores while training (splash "
+                  f"in evaluation); recent recipes train without it: {turn_off}")
+
+
+_SAID = set()  # say_attention's lines already printed in this run (run_electra_flax.py loads two models)
+
+
+def _say_once(line):
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, flush=True)
 
 
 def model_execution(model_args):
     """How the model's layers run, from --scan_layers, --remat_policy and --attention_implementation."""
     from flaxlm.models.layer_stack import Execution
     return Execution(scan=model_args.scan_layers, remat=model_args.remat_policy,
-                     attention=model_args.attention_implementation)
+                     attention=model_args.attention_implementation,
+                     vocab_multiple=getattr(model_args, "pad_vocab_multiple", 1))
+
+
+def check_vocab_padding(model_args, config):
+    """UserError when --pad_vocab_multiple meets a model that is not a causal LM (only their tables are padded)."""
+    from flaxlm.models.registry import CAUSAL_LM_TYPES
+    multiple = getattr(model_args, "pad_vocab_multiple", 1)
+    if multiple > 1 and config.model_type not in CAUSAL_LM_TYPES:
+        raise UserError(f"--pad_vocab_multiple {multiple} pads a causal LM's vocabulary (run_clm_flax.py, run_sft.py, "
+                        f"run_dpo.py), not a {config.model_type} model's; drop it")
+
+
+def vocab_rows(vocab_size, model_args):
+    """The rows the model's vocabulary tables hold in memory: vocab_size padded by --pad_vocab_multiple (what
+    --train_only embeddings looks for); None stays None."""
+    from flaxlm.models.vocab_padding import padded_rows
+    return None if vocab_size is None else padded_rows(vocab_size, getattr(model_args, "pad_vocab_multiple", 1))
 
 
 def check_model_type(model_args, config):
@@ -261,7 +302,7 @@ def train_and_evaluate(args, model_args, params, objective, train_rows, eval_row
     --train_only embeddings."""
     from flaxlm.reporting.run_log import RunLog
     from flaxlm.training.loop import train
-    tx, schedule = run_optimizer(args, params, total_steps, vocab_size)
+    tx, schedule = run_optimizer(args, params, total_steps, vocab_rows(vocab_size, model_args))
     if args.eval_checkpoints:  # an evaluation job: no training, no export
         from flaxlm.training.eval_job import evaluate_checkpoints
         evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps)
@@ -359,12 +400,16 @@ def write_card(args, model_args, config, params, tokenizer, load_with, repo, how
     --model_name_or_path, or fine-tuned from it (or `how`); repo: where it loads from (the hub id pushed to, or the
     folder)."""
     from flaxlm.config.cli import parsed_options, parsed_prog
-    from flaxlm.models import count_params
+    from flaxlm.models import abstract_model, count_params
+    from flaxlm.models.convert import task_of
+    from flaxlm.models.vocab_padding import padding_count
     from flaxlm.reporting.model_card import write_model_card
     base = model_args.model_name_or_path
     if how is None:
         how = ("pretrained from scratch" if not base else "continued pretraining" if load_with.endswith(PRETRAINING)
                else "fine-tuned")
+    # the exported model's count: --pad_vocab_multiple's rows are not in it
+    n_params = count_params(params) - padding_count(params, abstract_model(config, task=task_of(config, params))[1])
     write_model_card(args.output_dir, config=config, tokenizer=tokenizer, auto_class=load_with, script=parsed_prog(),
-                     options=parsed_options(), n_params=count_params(params), base_model=base, how=how, repo=repo,
+                     options=parsed_options(), n_params=n_params, base_model=base, how=how, repo=repo,
                      library_name=library_name)
