@@ -62,7 +62,7 @@ def main():
     run_sft.main(["--output_dir", adapter, *common])
     run_sft.main(["--output_dir", merged, *common, "--merge_lora"])
 
-    tokenizer = AutoTokenizer.from_pretrained(adapter)
+    tokenizer = AutoTokenizer.from_pretrained(adapter, trust_remote_code=False)
     ids = torch.randint(0, len(tokenizer), (4, 64), generator=torch.Generator().manual_seed(0))
 
     def logits(model):
@@ -70,11 +70,11 @@ def main():
             return model.eval()(ids).logits.float().numpy()
 
     def peft_model():
-        hf = AutoModelForCausalLM.from_pretrained(base)
+        hf = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False)
         hf.resize_token_embeddings(len(tokenizer))
         return PeftModel.from_pretrained(hf, adapter)
 
-    ours = AutoModelForCausalLM.from_pretrained(merged)
+    ours = AutoModelForCausalLM.from_pretrained(merged, trust_remote_code=False)
     flat = logits(ours)
     print(f"base {a.base_dtype}; merged export's dtype {ours.dtype} (config.json: "
           f"{json.load(open(os.path.join(merged, 'config.json')))['dtype']})")
