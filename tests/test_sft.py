@@ -293,8 +293,10 @@ def test_the_loss_is_trls(tiny_gpt2_dir, tmp_path):
         assert float(sums["loss_sum"]) / float(sums["weight_sum"]) == pytest.approx(theirs, rel=1e-4), kind
 
 
-def test_compile_for_a_slice_writes_nothing(tiny_gpt2_dir, tmp_path, capsys):
+@pytest.mark.parametrize("flags", [[], ["--lora_rank", "4", "--lora_trainable_tokens", "1", "2"]],
+                         ids=["full", "lora_with_token_rows"])
+def test_compile_for_a_slice_writes_nothing(tiny_gpt2_dir, tmp_path, capsys, flags):
     out = tmp_path / "run"
     r = run_sft.main(["--output_dir", str(out), "--config_name", tiny_gpt2_dir, "--tokenizer_name", tiny_gpt2_dir,
-                      "--chat_template", "chatml", "--max_length", "64", "--compile_for", "v5e-4"])
+                      "--chat_template", "chatml", "--max_length", "64", "--compile_for", "v5e-4", *flags])
     assert "fits v5e-4" in capsys.readouterr().out and r["params"] > 0 and not out.exists()
