@@ -21,14 +21,13 @@ Command line, timing and output as bench/torch_reference.py's (warm-up 3 steps, 
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
 from bench.setups import REFERENCE_TASK, hf_config  # noqa: E402
-from bench.torch_reference import reference_args, report  # noqa: E402
+from bench.torch_reference import median_step, reference_args, report  # noqa: E402
 
 
 def padded_vocab(vocab, multiple=64):
@@ -136,21 +135,7 @@ def time_steps(a, c):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(3):
-        step()
-    sync()
-    times = []
-    for _ in range(a.steps):
-        t = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t)
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
-    return float(np.median(times)), peak
+    return median_step(step, device, a.steps)
 
 
 def main():
