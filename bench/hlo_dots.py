@@ -44,8 +44,9 @@ def _dims(text, name):
     return tuple(int(x) for x in m.group(1).split(",") if x) if m else ()
 
 
-def _parse(hlo_text):
-    """{computation: [(name, type, opcode, rest of line)]} and the entry computation's name."""
+def parse_computations(hlo_text):
+    """{computation: [(name, type, opcode, rest of line)]} and the entry computation's name (bench/profile_step.py
+    reads the same)."""
     computations, entry, current = {}, None, None
     for line in hlo_text.splitlines():
         m = _COMPUTATION.match(line)
@@ -105,7 +106,7 @@ def _runs_per_computation(computations, entry):
 def dots_per_run(hlo_text):
     """The program's matmuls, one Dot per distinct (shapes, types, dimension numbers) with its executions per
     run, most FLOPs first; and the names of while loops whose trip count XLA did not record."""
-    computations, entry = _parse(hlo_text)
+    computations, entry = parse_computations(hlo_text)
     if entry is None:
         raise ValueError("no ENTRY computation in this HLO text")
     runs, unknown = _runs_per_computation(computations, entry)

@@ -31,11 +31,11 @@ import os
 import re
 import time
 
+from bench.hlo_dots import parse_computations
+
 CATEGORIES = ("attention", "matmuls", "LM head and loss", "optimizer", "elementwise and other", "other programs",
               "host (device idle)")
 
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?\s([\w\-]+)\(")
 _CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|true_computation|false_computation)=%([\w.\-]+)")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
@@ -100,15 +100,8 @@ def op_categories(hlo_text):
     bodies' too): by the source stacks of its metadata and of what it calls, then by what it computes. Control
     flow (while, conditional, call) maps to None: the ops inside are traced, and counted, each on its own."""
     stacks = source_stacks(hlo_text)
-    computations, current = {}, None
-    for line in hlo_text.splitlines():
-        m = _COMPUTATION.match(line)
-        if m:
-            current = computations.setdefault(m.group(1), [])
-            continue
-        m = _INSTRUCTION.match(line)
-        if m and current is not None:
-            current.append((m.group(1), m.group(2), line))
+    computations = {name: [(instruction, opcode, rest) for instruction, _, opcode, rest in instructions]
+                    for name, instructions in parse_computations(hlo_text)[0].items()}
 
     memo = {}
 
