@@ -25,16 +25,14 @@ def main(argv=None):
         prog="run_classification.py", description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
-    from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
     from flaxlm.planning.compile_for import check_fit, compile_target
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
-                                          train_and_evaluate)
+    from flaxlm.training.pipeline import export, resolve_seq_len, start_run, train_and_evaluate
     from flaxlm.data.sentence_data import label_names, load_examples, token_rows
     from flaxlm.tasks.sentence_prediction import (classifier_labels, majority_scores, resolve_task,
                                                   sentence_objective, write_predictions)
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.training.evaluation import collect_predictions
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
@@ -44,23 +42,22 @@ def main(argv=None):
     # Examples and their labels (class names sorted; a checkpoint's own order kept when it names the same).
     examples = load_examples(source, task, data_args.validation_split_percentage, args.seed,
                              include_test=args.do_predict, max_train_samples=data_args.max_train_samples,
-                             max_eval_samples=data_args.max_eval_samples)
+                             max_eval_samples=data_args.max_eval_samples,
+                             need_validation=args.do_eval)  # --do_eval false: none needed
     model_path = model_args.model_name_or_path or model_args.config_name
     names = None
     if not task.is_regression:
         existing = load_config(model_path).id2label if model_path else None
         names = label_names(examples["train"], existing)
 
-    # Tokenizer and model: the pretrained encoder with a classification head.
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, task="sequence_classification", abstract=target is not None,
-                               **classifier_labels(task, names))  # --compile_for: shapes only
-    check_fits(tokenizer, config)
-    seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
-    graphdef, params = split_model(model)
+    # Tokenizer, model (the pretrained encoder with a classification head; --compile_for: shapes only), devices
+    # (--compile_for: the TPU slice's) and batch sizes.
+    tokenizer = load_run_tokenizer(model_args, model_path)
+    tokenizer, config, graphdef, params, _, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, task="sequence_classification", **classifier_labels(task, names))
 
     # Token rows, each split's in example order.
+    seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     rows = token_rows(examples, tokenizer, seq_len, config, names)
     width = rows["train"]["input_ids"].shape[1]
     for split, r in rows.items():
@@ -71,9 +68,7 @@ def main(argv=None):
                      + ", ".join(f"{m} {v:.4f}" for m, v in scores.items()))
         print(line, flush=True)
 
-    # Devices, batch sizes and the rows of each step.
-    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    # The rows of each step and the objective.
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)
     labeled_test = rows["test"] if "test" in rows and examples["test"].labels is not None else None
@@ -84,7 +79,7 @@ def main(argv=None):
     start_fresh(args)  # inputs all read
 
     # Train, evaluating the loss, accuracy and the task's metrics over the whole validation set.
-    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
                                 mesh, micro_batch, eval_batch, labeled_test, vocab_size=config.vocab_size)
     if params is None:  # --eval_checkpoints: an evaluation job
         return

@@ -27,37 +27,29 @@ def main(argv=None):
     model_args, source, data_args, clm_args, prep, lora_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, CausalLMArgs, PreparedDataArgs, LoraArgs, TrainingArgs, argv=argv,
         prog="run_clm_flax.py", description=__doc__)
-    from flaxlm.training import mesh as meshlib
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
     from flaxlm.data import prepared, rows
     from flaxlm.data import text_mixture
-    from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
-    from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
-    # Tokenizer and model.
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
-    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
-    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
-                               sharding=args.sharding,  # a checkpoint is read straight into its sharding
-                               abstract=target is not None)  # --compile_for: shapes only
+    # Tokenizer; the devices (--compile_for: the TPU slice's), the model on them (a checkpoint read straight into its
+    # sharding; --compile_for: shapes only), with --lora_rank adapters only trained, and the batch sizes.
+    tokenizer = load_run_tokenizer(model_args)
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer has no end-of-text (eos) token to separate documents; use a tokenizer "
                         "with one (train_tokenizer.py gives </s>)")
-    block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
-    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # --lora_rank: adapters only
-    check_fits(tokenizer, config)  # (an adapter's trainable tokens may have grown the vocabulary to its tokenizer's)
-    graphdef, params = split_model(model)
+    tokenizer, config, graphdef, params, lora, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, script="run_clm_flax.py", lora_args=lora_args, read_sharded=True)
 
-    # Batch sizes and the objective: every token predicted from the ones before it.
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    # The objective: every token predicted from the ones before it.
+    block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
     objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
                               head_chunk_rows=args.lm_head_chunk_rows, separate_documents=clm_args.separate_documents)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit

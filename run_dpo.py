@@ -33,44 +33,41 @@ def main(argv=None):
         raise UserError("--precompute_ref_log_probs false scores the reference in every step as the base with the "
                         "adapters off, which needs LoRA (--lora_rank) and no --reference_model; leave it on to "
                         "compute the reference's log-probabilities once")
-    from flaxlm.training import mesh as meshlib
     from flaxlm.data.chat_template import resolve_template
     from flaxlm.data.preferences import encode_pair, load_pairs, pair_rows, placeholder_pairs
     from flaxlm.data.rows import ShuffledRows, total_train_steps
-    from flaxlm.models import split_model
     from flaxlm.objectives.clm import resolve_block_size
     from flaxlm.objectives.dpo import dpo_objective
     from flaxlm.planning.compile_for import check_fit, compile_target
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
-    # Pairs, tokenizer (a chat template for message pairs) and the decoder.
+    # Pairs, tokenizer (a chat template for message pairs) and --reference_model's config.
     pairs = None if target else load_pairs(source, data_args.validation_split_percentage, args.seed,
                                            max_train_samples=data_args.max_train_samples,
-                                           max_eval_samples=data_args.max_eval_samples)
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
+                                           max_eval_samples=data_args.max_eval_samples,
+                                           need_validation=args.do_eval)  # --do_eval false: none needed
+    tokenizer = load_run_tokenizer(model_args)
     conversational = pairs is not None and any(not isinstance(p.prompt, str) for ps in pairs.values() for p in ps)
     template = resolve_template(tokenizer, dpo_args.chat_template) if conversational else None
-    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
-    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
-                               sharding=args.sharding, abstract=target is not None)
     if dpo_args.reference_model:  # before any work: a decoder of the same vocabulary
         from flaxlm.models import check_causal_lm, load_config
+        from flaxlm.tokenization.loading import check_fits
         reference_config = load_config(dpo_args.reference_model)
         check_causal_lm(reference_config, dpo_args.reference_model)
         check_fits(tokenizer, reference_config)
-    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed)  # adapters at zero: the base
-    check_fits(tokenizer, config)  # (an adapter's trainable tokens may have grown the vocabulary to its tokenizer's)
-    graphdef, params = split_model(model)
+
+    # The devices (--compile_for: the TPU slice's), the decoder on them (with --lora_rank adapters at zero: the base)
+    # and the batch sizes (in pairs).
+    tokenizer, config, graphdef, params, lora, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, script="run_clm_flax.py", lora_args=lora_args, read_sharded=True)
     max_length = resolve_block_size(dpo_args.max_length, None, tokenizer, config)  # --max_seq_length: its alias
 
-    # Batch sizes (in pairs) and the objective.
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    # The objective.
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     objective = dpo_objective(graphdef, config, params, max_length, pad_id, dpo_args.loss_type, dpo_args.beta,
                               dpo_args.label_smoothing, live_reference)
@@ -94,7 +91,7 @@ def main(argv=None):
     total_steps = total_train_steps(args, train_rows)
 
     # Train, evaluating the loss and TRL's rewards on the held-out pairs.
-    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
            how=f"preference-tuned with {dpo_args.loss_type} DPO (beta {dpo_args.beta}; run_dpo.py)", lora=lora,

@@ -43,9 +43,10 @@ def main(argv=None):
     from flaxlm.objectives.electra import check_pair, electra_objective, join_params, model_params
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
+    from flaxlm.training.opening import load_run_tokenizer
     from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
                                           train_and_evaluate)
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.tokenization.loading import check_fits
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
@@ -60,8 +61,7 @@ def main(argv=None):
     disc_config, discriminator = load_model(model_args, seed=args.seed, task=DISCRIMINATOR, abstract=abstract)
     shared = check_pair(load_config(gen_args.model_name_or_path or gen_args.config_name), disc_config)
     gen_config, generator = load_model(gen_args, seed=args.seed + 1, script="run_mlm_flax.py", abstract=abstract)
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
+    tokenizer = load_run_tokenizer(model_args)
     check_fits(tokenizer, disc_config)
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, disc_config)
     masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)

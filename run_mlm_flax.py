@@ -24,30 +24,27 @@ def main(argv=None):
     model_args, source, data_args, mlm_args, prep, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, MaskedLMArgs, PreparedDataArgs, TrainingArgs, argv=argv,
         prog="run_mlm_flax.py", description=__doc__)
-    from flaxlm.training import mesh as meshlib
     from flaxlm.data import prepared, rows
     from flaxlm.data import text_mixture
     from flaxlm.objectives.mlm import mlm_objective
     from flaxlm.data.mlm_masking import MLMMasker
     from flaxlm.data.whole_word_masking import WholeWordMasker
-    from flaxlm.models import split_model
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
-    from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
-                                          train_and_evaluate)
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
+    from flaxlm.training.pipeline import export, resolve_seq_len, start_run, train_and_evaluate
     from flaxlm.tokenization.word_boundaries import word_boundaries
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
-    # Tokenizer and model.
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, script="run_mlm_flax.py", tokenizer=tokenizer,
-                               abstract=target is not None)  # --compile_for: shapes only
-    check_fits(tokenizer, config)
+    # Tokenizer, model (--compile_for: shapes only), devices (--compile_for: the TPU slice's) and batch sizes.
+    tokenizer = load_run_tokenizer(model_args)
+    tokenizer, config, graphdef, params, _, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, script="run_mlm_flax.py")
+
+    # The masking and the objective: masked tokens predicted at their slots.
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     if mlm_args.whole_word_mask:  # words as the tokenizer's vocabulary marks them
         starts_word_V, ends_word_V = word_boundaries(tokenizer)
@@ -55,11 +52,6 @@ def main(argv=None):
                                                 starts_word_V=starts_word_V, ends_word_V=ends_word_V)
     else:
         masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
-    graphdef, params = split_model(model)
-
-    # Devices (--compile_for: the TPU slice's), batch sizes and the objective: masked tokens predicted at their slots.
-    mesh = meshlib.make_mesh(target.devices if target else None)
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
     objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,

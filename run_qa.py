@@ -31,32 +31,24 @@ def main(argv=None):
         description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
-    from flaxlm.models import split_model
     from flaxlm.planning.compile_for import check_fit, compile_target
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
-                                          train_and_evaluate)
+    from flaxlm.training.pipeline import export, resolve_seq_len, start_run, train_and_evaluate
     from flaxlm.data.squad import read_squad, squad_windows
     from flaxlm.tasks.squad_objective import predicted_answers, squad_objective
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.training.evaluation import collect_predictions
 
     check_sources(source, args)
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
-    # Tokenizer and model: the pretrained encoder with a start/end layer (new unless the checkpoint has one).
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, task="question_answering",
-                               abstract=target is not None)  # --compile_for: shapes only
-    check_fits(tokenizer, config)
+    # Tokenizer, model (the pretrained encoder with a start/end layer, new unless the checkpoint has one;
+    # --compile_for: shapes only), devices (--compile_for: the TPU slice's) and batch sizes.
+    tokenizer = load_run_tokenizer(model_args)
+    tokenizer, config, graphdef, params, _, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, task="question_answering")
     seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
-    graphdef, params = split_model(model)
-
-    # Devices and batch sizes.
-    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
 
     # SQuAD questions -> windows of seq_len tokens, labelled with the answer's first and last token.
     train_rows, total_steps = None, 1

@@ -29,16 +29,16 @@ def main(argv=None):
         description=__doc__)
     from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
-    from flaxlm.models import load_config, split_model
+    from flaxlm.models import load_config
     from flaxlm.models.t5_generation import GenerationOptions
     from flaxlm.planning.compile_for import check_fit, compile_target
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
     from flaxlm.data.seq2seq_data import load_pairs, token_rows
     from flaxlm.tasks.seq2seq import (check_seq2seq_model, copy_baseline, decode, seq2seq_objective,
                                       write_predictions)
     from flaxlm.objectives.span_lm import check_decoder_start
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.training.evaluation import collect_predictions
 
     if args.do_predict:
@@ -50,19 +50,18 @@ def main(argv=None):
     # Source/target pairs, each split's in file order.
     pairs = load_pairs(source, task_args.source_column or source.text_column or "source", task_args.target_column,
                        data_args.validation_split_percentage, args.seed,
-                       max_train_samples=data_args.max_train_samples, max_eval_samples=data_args.max_eval_samples)
+                       max_train_samples=data_args.max_train_samples, max_eval_samples=data_args.max_eval_samples,
+                       need_validation=args.do_eval)  # --do_eval false: none needed
 
-    # Tokenizer and model: the pretrained encoder-decoder, all of it fine-tuned.
+    # Tokenizer, model (the pretrained encoder-decoder, all of it fine-tuned; --compile_for: shapes only), devices
+    # (--compile_for: the TPU slice's) and batch sizes.
     model_path = model_args.model_name_or_path or model_args.config_name
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
+    tokenizer = load_run_tokenizer(model_args, model_path)
     if model_path:
         check_seq2seq_model(load_config(model_path), model_path)
-    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py",
-                               abstract=target is not None)  # --compile_for: shapes only
-    check_fits(tokenizer, config)
+    tokenizer, config, graphdef, params, _, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, script="run_t5_mlm_flax.py")
     check_decoder_start(config)
-    graphdef, params = split_model(model)
     opts = GenerationOptions(max_length=task_args.generation_max_length or task_args.max_target_length,
                              decoder_start_token_id=config.decoder_start_token_id,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
@@ -75,24 +74,23 @@ def main(argv=None):
     for split, r in rows.items():
         print(f"{split}: {len(r['index'])} examples, sources of {widths[0]} tokens, targets of {widths[1]} "
               f"({pairs[split].where})", flush=True)
-    val = pairs["validation"]
-    baseline = copy_baseline(val.sources, val.targets)
-    print(f"copying the source scores BLEU {baseline['bleu']:.2f}, chrF {baseline['chrf']:.2f} on validation",
-          flush=True)
+    val = pairs.get("validation")
+    if val is not None:
+        baseline = copy_baseline(val.sources, val.targets)
+        print(f"copying the source scores BLEU {baseline['bleu']:.2f}, chrF {baseline['chrf']:.2f} on validation",
+              flush=True)
 
-    # Devices, batch sizes and the rows of each step.
-    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    # The rows of each step and the objective.
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)
-    objective = seq2seq_objective(graphdef, config, widths, opts, tokenizer, val.targets)
+    objective = seq2seq_objective(graphdef, config, widths, opts, tokenizer, val and val.targets)
     if target:  # --compile_for: compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, rows["train"],
                          config.vocab_size)
     start_fresh(args)  # inputs all read
 
     # Train; every evaluation: the loss, then generation and its BLEU / chrF / ROUGE.
-    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     if params is None:  # --eval_checkpoints: an evaluation job
         return

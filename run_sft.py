@@ -25,48 +25,36 @@ def main(argv=None):
     model_args, source, data_args, sft_args, lora_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, SFTArgs, LoraArgs, TrainingArgs, argv=argv, prog="run_sft.py",
         description=__doc__)
-    from flaxlm.training import mesh as meshlib
     from flaxlm.adaptation.added_tokens import add_special_tokens
     from flaxlm.data.chat_rows import encode, placeholder_rows, report_line, sft_rows
     from flaxlm.data.conversations import load_conversations
     from flaxlm.data.rows import ShuffledRows, total_train_steps
-    from flaxlm.models import merge_model, split_model
     from flaxlm.objectives.clm import resolve_block_size
     from flaxlm.objectives.sft import sft_objective
     from flaxlm.planning.compile_for import check_fit, compile_target
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import attach_lora, batch_sizes, export, load_model, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
     from flaxlm.reporting.run_log import say
     from flaxlm.data.chat_template import end_of_turn, missing_markers, resolve_template
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
-    # Examples, tokenizer and chat template, the decoder (with the template's markers added if it lacks them).
+    # Examples, tokenizer and chat template (and the markers it writes that the vocabulary lacks).
     examples = None if target else load_conversations(
         source, data_args.validation_split_percentage, args.seed, max_train_samples=data_args.max_train_samples,
-        max_eval_samples=data_args.max_eval_samples)
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
+        max_eval_samples=data_args.max_eval_samples, need_validation=args.do_eval)  # --do_eval false: none needed
+    tokenizer = load_run_tokenizer(model_args)
     conversational = examples is not None and any(e.messages is not None for es in examples.values() for e in es)
     template = resolve_template(tokenizer, sft_args.chat_template) if conversational or sft_args.chat_template else None
-    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
-    config, model = load_model(model_args, seed=args.seed, script="run_clm_flax.py", tokenizer=tokenizer, mesh=mesh,
-                               sharding=args.sharding, abstract=target is not None)
     markers = missing_markers(tokenizer, template) if template and not target else []
-    if markers:
-        graphdef, params = split_model(model)
-        tokenizer, config, params = add_special_tokens(tokenizer, config, params, markers,
-                                                       multiple=model.execution.vocab_multiple)
-        model = merge_model(graphdef, params)
-        model.set_vocab_size(config.vocab_size)  # (tables padded in memory: the rows the head keeps)
-        say(f"added the chat template's {', '.join(markers)} to the vocabulary ({config.vocab_size} rows), each row "
-            f"the mean of its pieces' rows")
-    # --lora_rank: adapters only, and the rows of the markers just added (PEFT's trainable tokens)
-    model, lora = attach_lora(lora_args, model_args, args, config, model, args.seed,
-                              tokens=tokenizer.convert_tokens_to_ids(markers))
-    graphdef, params = split_model(model)
+
+    # The devices (--compile_for: the TPU slice's), the decoder on them with the markers added to its vocabulary and,
+    # with --lora_rank, adapters only trained, and the rows of the markers (PEFT's trainable tokens); batch sizes.
+    tokenizer, config, graphdef, params, lora, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, script="run_clm_flax.py", lora_args=lora_args, chat_markers=markers,
+        add_tokens=add_special_tokens, read_sharded=True)
     if template:
         tokenizer.chat_template = template  # the export answers as it was trained
     stop = end_of_turn(tokenizer, template) if template else None
@@ -74,11 +62,9 @@ def main(argv=None):
         say(f"the end of an assistant turn, {stop}, is the exported model's eos token (was {tokenizer.eos_token})")
         tokenizer.eos_token = stop
         config.eos_token_id = tokenizer.eos_token_id
-    check_fits(tokenizer, config)
     max_length = resolve_block_size(sft_args.max_length, None, tokenizer, config)  # --max_seq_length: its alias
 
-    # Batch sizes and the objective: the trained tokens predicted from the ones before them.
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    # The objective: the trained tokens predicted from the ones before them.
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     objective = sft_objective(graphdef, config, params, max_length, pad_id, head_chunk_rows=args.lm_head_chunk_rows)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
@@ -96,7 +82,7 @@ def main(argv=None):
     start_fresh(args)  # inputs all read
 
     # Train, evaluating the loss on the held-out answers.
-    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
                                 mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
            how="supervised fine-tuned on conversations (run_sft.py)", lora=lora, merge_lora=lora_args.merge_lora,

@@ -25,38 +25,32 @@ def main(argv=None):
     model_args, source, data_args, span_args, prep, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, SpanCorruptionArgs, PreparedDataArgs, TrainingArgs, argv=argv,
         prog="run_t5_mlm_flax.py", description=__doc__)
-    from flaxlm.training import mesh as meshlib
     from flaxlm.data import prepared, rows
     from flaxlm.data import text_mixture
-    from flaxlm.models import family_of, split_model
+    from flaxlm.models import family_of
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
-    from flaxlm.training.pipeline import batch_sizes, export, load_model, start_run, train_and_evaluate
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
     from flaxlm.data.span_corruption import SpanCorruptor
     from flaxlm.objectives.span_lm import check_decoder_start, resolve_input_length, span_objective
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
 
     weights = text_mixture.mixture_weights(source, prep)  # of mixed files or datasets, checked before any work
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
 
-    # Tokenizer, model and the corruption's lengths: raw chunk -> input of max_seq_length + target.
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_args.model_name_or_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
-    config, model = load_model(model_args, seed=args.seed, script="run_t5_mlm_flax.py", tokenizer=tokenizer,
-                               abstract=target is not None)  # --compile_for: shapes only
-    check_fits(tokenizer, config)
+    # Tokenizer, model (--compile_for: shapes only), devices (--compile_for: the TPU slice's) and batch sizes.
+    tokenizer = load_run_tokenizer(model_args)
+    tokenizer, config, graphdef, params, _, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, script="run_t5_mlm_flax.py")
     check_decoder_start(config)
+
+    # The corruption's lengths (raw chunk -> input of max_seq_length + target) and the objective: the decoder predicts
+    # each sentinel and the tokens its span replaced.
     inputs_length = resolve_input_length(data_args.max_seq_length, tokenizer)
     corruptor = SpanCorruptor.from_tokenizer(tokenizer, inputs_length, data_args.mlm_probability,
                                              span_args.mean_noise_span_length,
                                              decoder_start_token_id=config.decoder_start_token_id)
-    graphdef, params = split_model(model)
-
-    # Devices (--compile_for: the TPU slice's), batch sizes and the objective: the decoder predicts each sentinel and
-    # the tokens its span replaced.
-    mesh = meshlib.make_mesh(target.devices if target else None)
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
     objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,

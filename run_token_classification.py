@@ -28,20 +28,17 @@ def main(argv=None):
     model_args, source, data_args, task_args, args = parse_args(
         ModelArgs, TextSourceArgs, DataArgs, TokenClassificationArgs, TrainingArgs, argv=argv,
         prog="run_token_classification.py", description=__doc__)
-    from flaxlm.training import mesh as meshlib
     from flaxlm.data.rows import ShuffledRows, total_train_steps
     from flaxlm.data.tagged_sentences import load_sentences, tag_names
-    from flaxlm.models import split_model
     from flaxlm.models.hf_io import load_config
     from flaxlm.tasks.tagging_metrics import MostFrequentTag, resolve_scheme
     from flaxlm.tasks.token_classification import token_objective, token_rows, unscored_words
     from flaxlm.tasks.tagging_report import judge_split
-    from flaxlm.tokenization.loading import check_fits, load_tokenizer
     from flaxlm.tokenization.split_words import prefix_every_word
     from flaxlm.planning.compile_for import check_fit, compile_target
+    from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import (batch_sizes, export, load_model, resolve_seq_len, start_run,
-                                          train_and_evaluate)
+    from flaxlm.training.pipeline import export, resolve_seq_len, start_run, train_and_evaluate
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
@@ -49,23 +46,22 @@ def main(argv=None):
     # Sentences and their tags (the training tags sorted; a checkpoint's own order kept when it names the same).
     sentences = load_sentences(source, task_args, data_args.validation_split_percentage, args.seed,
                                include_test=args.do_predict, max_train_samples=data_args.max_train_samples,
-                               max_eval_samples=data_args.max_eval_samples)
+                               max_eval_samples=data_args.max_eval_samples,
+                               need_validation=args.do_eval)  # --do_eval false: none needed
     model_path = model_args.model_name_or_path or model_args.config_name
     names = tag_names(sentences, load_config(model_path).id2label if model_path else None)
     scheme = resolve_scheme(task_args.metric, names)
     baseline = MostFrequentTag(sentences["train"])
 
-    # Tokenizer and model: the pretrained encoder with a token-classification head.
-    tokenizer = load_tokenizer(model_args.tokenizer_name or model_path, model_args.token,
-                               trust_remote_code=model_args.trust_remote_code)
+    # Tokenizer, model (the pretrained encoder with a token-classification head; --compile_for: shapes only), devices
+    # (--compile_for: the TPU slice's) and batch sizes.
+    tokenizer = load_run_tokenizer(model_args, model_path)
     tokenizer = prefix_every_word(tokenizer)  # byte-level BPE: a space before every word, as transformers' recipes
-    config, model = load_model(model_args, seed=args.seed, task="token_classification", abstract=target is not None,
-                               id2label=dict(enumerate(names)))  # --compile_for: shapes only
-    check_fits(tokenizer, config)
-    seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
-    graphdef, params = split_model(model)
+    tokenizer, config, graphdef, params, _, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
+        args, model_args, target, tokenizer, task="token_classification", id2label=dict(enumerate(names)))
 
     # Sub-token rows, each split's in sentence order.
+    seq_len = resolve_seq_len(data_args.max_seq_length, tokenizer, config)
     rows = token_rows(sentences, tokenizer, seq_len, names, task_args.label_all_tokens)
     width = rows["train"]["input_ids"].shape[1]
     for split, r in rows.items():
@@ -75,9 +71,7 @@ def main(argv=None):
               flush=True)
     print(f"{len(names)} tags, scored by {scheme}: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
 
-    # Devices, batch sizes and the rows of each step.
-    mesh = meshlib.make_mesh(target.devices if target else None)  # --compile_for: the TPU slice's devices
-    micro_batch, eval_batch, global_batch = batch_sizes(args, mesh)
+    # The rows of each step and the objective.
     train_rows = ShuffledRows(rows["train"], global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)
     labeled_test = rows["test"] if "test" in rows and sentences["test"].tags is not None else None
@@ -88,7 +82,7 @@ def main(argv=None):
     start_fresh(args)  # inputs all read
 
     # Train, evaluating the loss and the word-level metrics over the whole validation set.
-    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows["validation"], total_steps,
+    params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
                                 mesh, micro_batch, eval_batch, labeled_test, vocab_size=config.vocab_size)
     if params is None:  # --eval_checkpoints: an evaluation job
         return

@@ -40,6 +40,7 @@ RECIPES = {
     "sft-mistral-7b": ("run_sft.py", "mistral-7b", "bpe", "--model_name_or_path",
                        ["v5e-4", "v5e-8", "v5e-16", "v4-8", "v6e-8"]),
     "dpo-mistral-7b-lora": ("run_dpo.py", "mistral-7b", "bpe", "--model_name_or_path", ["v5e-4", "v5e-8"]),
+    "grpo-mistral-7b-lora": ("run_grpo.py", "mistral-7b", "bpe", "--model_name_or_path", ["v5e-8", "v5e-16"]),
 }
 
 

@@ -220,3 +220,23 @@ def test_a_tracker_failing_mid_run_is_a_warning_and_the_others_go_on(capsys):
     err = capsys.readouterr().err
     assert err.count("warning: --report_to mlflow failed at step 1 (ConnectionError: the tracking server went "
                      "away); the run goes on without it") == 1
+
+
+def test_sample_tables_go_to_a_jsonl_file_and_to_wandb_as_a_table(tmp_path):
+    """RunLog.table (run_grpo.py's completions): one line per row with its step in OUTPUT_DIR/NAME.jsonl; W&B gets a
+    wandb.Table whose message-list cells are JSON text; a tracker without tables (Keeping) is skipped."""
+    import types
+    from flaxlm.reporting.run_log import RunLog
+    logged = []
+    wandb = trackers.Wandb.__new__(trackers.Wandb)
+    wandb.wandb = types.SimpleNamespace(Table=lambda columns, data: (columns, data))
+    wandb.run = types.SimpleNamespace(log=lambda row, step: logged.append((row, step)))
+    log = RunLog(str(tmp_path), trackers=[Keeping(), wandb])
+    messages = [{"role": "user", "content": "Hei?"}]
+    log.table(4, "completions", {"prompt": ["Hva er 1+2?", messages], "reward": [1.0, None]})
+    log.close()
+    lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert lines == [{"step": 4, "prompt": "Hva er 1+2?", "reward": 1.0}, {"step": 4, "prompt": messages, "reward": None}]
+    (row, step), = logged
+    assert step == 4 and row["completions"] == (["step", "prompt", "reward"], [
+        [4, "Hva er 1+2?", 1.0], [4, json.dumps(messages, ensure_ascii=False), None]])

@@ -98,10 +98,21 @@ def test_remote_code_runs_only_when_asked():
     assert not bad, bad
 
 
-def test_scripts_pass_the_flag_to_the_tokenizer():
-    for script in ("run_mlm_flax.py", "run_t5_mlm_flax.py", "run_clm_flax.py"):
+def test_scripts_pass_the_flag_to_the_tokenizer(monkeypatch):
+    """The training scripts load their tokenizer through load_run_tokenizer, which hands --trust_remote_code on."""
+    from flaxlm.tokenization import loading
+    from flaxlm.training.opening import load_run_tokenizer
+    for script in ("run_mlm_flax.py", "run_t5_mlm_flax.py", "run_clm_flax.py", "run_sft.py", "run_dpo.py",
+                   "run_grpo.py"):
         with open(os.path.join(REPO, script), encoding="utf-8") as f:
-            assert "trust_remote_code=model_args.trust_remote_code" in f.read(), script
+            assert "load_run_tokenizer(model_args" in f.read(), script
+    seen = []
+    monkeypatch.setattr(loading, "load_tokenizer", lambda path, token, trust_remote_code: seen.append(
+        trust_remote_code))
+    for flag in (False, True):
+        load_run_tokenizer(types.SimpleNamespace(tokenizer_name="t", model_name_or_path=None, token=None,
+                                                 trust_remote_code=flag))
+    assert seen == [False, True]
 
 
 def test_export_is_safetensors_only(tmp_path):

@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 
 from flaxlm.config.experiments import DRIVER_READ, config_class
-from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, DPOArgs, LoraArgs, MaskedLMArgs, ModelArgs,
+from flaxlm.config.options import (CausalLMArgs, ConfigArgs, DataArgs, DPOArgs, GRPOArgs, LoraArgs, MaskedLMArgs, ModelArgs,
                                    PreparedDataArgs, QuestionAnsweringArgs, SentencePredictionArgs, SFTArgs,
                                    SpanCorruptionArgs, TextSourceArgs, TrainingArgs, script_fields)
 from flaxlm.errors import UserError
@@ -51,6 +51,7 @@ SENTENCE = (ModelArgs, TextSourceArgs, DataArgs, SentencePredictionArgs, Trainin
 SQUAD = (ModelArgs, TextSourceArgs, DataArgs, QuestionAnsweringArgs, TrainingArgs)
 SFT = (ModelArgs, TextSourceArgs, DataArgs, SFTArgs, LoraArgs, TrainingArgs)
 DPO = (ModelArgs, TextSourceArgs, DataArgs, DPOArgs, LoraArgs, TrainingArgs)
+GRPO = (ModelArgs, TextSourceArgs, DataArgs, GRPOArgs, LoraArgs, TrainingArgs)
 
 
 def _optimizer(**values):
@@ -98,6 +99,11 @@ _EXPERIMENTS = [
         "task.model.preset": None, "task.train_data.global_batch_size": 8, "trainer.num_train_epochs": 1.0,
         **_optimizer(learning_rate=1e-6)},
         "preference tuning of a decoder with DPO (TRL's DPOTrainer defaults: lr 1e-6, 1 epoch, beta 0.1)"),
+    Experiment("decoder/grpo", "run_grpo", GRPO, False, {
+        "task.model.preset": None, "task.train_data.global_batch_size": 64, "trainer.num_train_epochs": 1.0,
+        **_optimizer(learning_rate=1e-6)},
+        "online RL of a decoder with verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO (TRL's GRPOTrainer defaults: lr "
+        "1e-6, 8 completions a prompt, loss dapo, beta 0)"),
 ]
 EXPERIMENTS = {e.name: e for e in _EXPERIMENTS}
 

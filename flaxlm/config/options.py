@@ -591,12 +591,17 @@ class Seq2SeqArgs:
 
 
 @dataclass
-class ChatArgs:
-    """What run_sft.py and run_dpo.py share: the chat template and the length of a training sequence (TRL's names)."""
+class ChatTemplateArgs:
+    """What the chat scripts (run_sft.py, run_dpo.py, run_grpo.py) share: the chat template (TRL's name)."""
     chat_template: str | None = option(aliases=("--chat_template_path",), key="task.chat.chat_template",
                                        help="the chat template conversations are rendered with: the tokenizer's own "
                                             "(default), chatml, or a jinja template file; the export's tokenizer "
                                             "keeps it")
+
+
+@dataclass
+class ChatArgs(ChatTemplateArgs):
+    """What run_sft.py and run_dpo.py share: the chat template and the length of a training sequence (TRL's names)."""
     max_length: int | None = option(minimum=2, aliases=("--max_seq_length",), key="task.chat.max_length",
                                     help="tokens of a training sequence (TRL's max_length, max_seq_length in older "
                                          "TRL; longer ones are cut from their end; default: the tokenizer's "
@@ -636,8 +641,65 @@ class DPOArgs(ChatArgs):
 
 
 @dataclass
+class GRPOArgs(ChatTemplateArgs):
+    """run_grpo.py's options (TRL's GRPOConfig names): sampling, rewards and the loss."""
+    reward_funcs: list[str] = option(["token_f1"], key="task.grpo.reward_funcs",
+                                     help="reward functions: built-in names (exact_match, token_f1, format, length) "
+                                          "or FILE.py:FUNCTION, TRL's signature f(prompts, completions, **columns) -> "
+                                          "list of floats or None")
+    reward_weights: list[float] | None = option(key="task.grpo.reward_weights",
+                                                help="one weight per reward function (default: 1 each)")
+    answer_column: str = option("answer", key="task.grpo.answer_column",
+                                help="the column exact_match and token_f1 compare with (a string, a list of them, "
+                                     "or SQuAD's answers)")
+    reward_format_pattern: str = option(r"<answer>.*?</answer>", key="task.grpo.reward_format_pattern",
+                                        help="the regular expression the format reward looks for in a completion")
+    soft_punish_cache: int = option(64, minimum=0, key="task.grpo.soft_punish_cache",
+                                    help="the length reward: tokens before --max_completion_length where its "
+                                         "penalty starts (TRL's soft overlong punishment)")
+    num_generations: int = option(8, minimum=2, key="task.grpo.num_generations",
+                                  help="completions sampled for each prompt (a group)")
+    max_prompt_length: int | None = option(minimum=1, key="task.grpo.max_prompt_length",
+                                           help="tokens of a prompt kept, from its end (default: the longest prompt)")
+    max_completion_length: int = option(256, minimum=1, key="task.grpo.max_completion_length",
+                                        help="tokens a completion may have; one still going then is truncated")
+    temperature: float = option(1.0, minimum=0, key="task.grpo.temperature",
+                                help="sampling temperature (the log-probabilities are scored at it too, as TRL)")
+    top_p: float = option(1.0, minimum=0, key="task.grpo.top_p", help="nucleus sampling's mass (1: off)")
+    top_k: int = option(0, minimum=0, key="task.grpo.top_k", help="sample among the k likeliest tokens (0: off)")
+    loss_type: str = option("dapo", choices=("grpo", "bnpo", "dr_grpo", "dapo"), key="task.grpo.loss_type",
+                            help="how token losses are averaged: grpo (per completion), bnpo (per batch piece), "
+                                 "dr_grpo (by max_completion_length), dapo (over the batch's tokens; TRL's default)")
+    scale_rewards: str = option("group", choices=("group", "batch", "none"), key="task.grpo.scale_rewards",
+                                help="divide advantages by the reward std of the group, the batch, or not (Dr. GRPO)")
+    epsilon: float = option(0.2, minimum=0, key="task.grpo.epsilon", help="the ratio's lower clip: 1 - epsilon")
+    epsilon_high: float | None = option(minimum=0, key="task.grpo.epsilon_high",
+                                        help="the ratio's upper clip: 1 + epsilon_high (default: epsilon; DAPO: 0.28)")
+    importance_sampling_level: str = option("token", choices=("token", "sequence"),
+                                            key="task.grpo.importance_sampling_level",
+                                            help="one ratio per token, or per sequence (GSPO)")
+    num_iterations: int = option(1, minimum=1, key="task.grpo.num_iterations",
+                                 help="optimizer steps on each batch of completions (the sampling policy's "
+                                      "log-probabilities kept for the ratio)")
+    beta: float = option(0.0, minimum=0, key="task.grpo.beta",
+                         help="weight of the KL estimate to the reference (the starting model; with LoRA the base "
+                              "with the adapters off); 0: no reference")
+    use_bias_correction_kl: bool = option(True, key="task.grpo.use_bias_correction_kl",
+                                          help="weigh each token's KL estimate by its importance ratio (TRL's default; "
+                                               "the unbiased gradient of the KL to the reference)")
+    mask_truncated_completions: bool = option(False, key="task.grpo.mask_truncated_completions",
+                                              help="leave completions cut at --max_completion_length out of the loss")
+    log_completions: bool = option(False, key="task.grpo.log_completions",
+                                   help="write sample completions to completions.jsonl (and a W&B table) every "
+                                        "--log_completions_steps")
+    log_completions_steps: int | None = option(minimum=1, key="task.grpo.log_completions_steps",
+                                               help="steps between completion samples (default: --logging_steps; "
+                                                    "sets --log_completions)")
+
+
+@dataclass
 class LoraArgs:
-    """LoRA adapters on a decoder (run_sft.py, run_clm_flax.py, run_dpo.py), PEFT's names (flaxlm.models.lora)."""
+    """LoRA adapters on a decoder (run_sft.py, run_clm_flax.py, run_dpo.py, run_grpo.py), PEFT's names (flaxlm.models.lora)."""
     lora_rank: int | None = option(minimum=1, key="task.lora.rank",
                                    help="train LoRA adapters of this rank on the frozen base (held in bfloat16 unless "
                                         "--param_dtype says); the export is a PEFT adapter")
@@ -696,6 +758,7 @@ LEFT_OUT = {
     "run_seq2seq": (*_IN_MEMORY, "max_seq_length", "pad_to_max_length"),
     "run_sft": _CHAT,
     "run_dpo": _CHAT,
+    "run_grpo": _CHAT,
 }
 
 

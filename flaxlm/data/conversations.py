@@ -28,17 +28,20 @@ class Example:
     text: str | None = None
 
 
-def load_conversations(source, validation_split_percentage, seed, max_train_samples=None, max_eval_samples=None):
+def load_conversations(source, validation_split_percentage, seed, max_train_samples=None, max_eval_samples=None,
+                       need_validation=True):
     """{"train", "validation": [Example]}; without a validation set, validation_split_percentage % of train is held
-    out (seeded)."""
+    out (seeded), and a percentage of 0 with need_validation False (--do_eval false) gives no "validation"."""
     return load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples,
-                        "supervised fine-tuning", "example", example)
+                        "supervised fine-tuning", "example", example, need_validation)
 
 
-def load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples, what, noun, read):
-    """{split: [read(record, "NOUN i of WHERE")]} of a post-training task's files (`what`, for messages)."""
+def load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples, what, noun, read,
+                 need_validation=True):
+    """{split: [read(record, "NOUN i of WHERE")]} of a post-training task's files (`what`, for messages); no
+    "validation" without a validation set, a percentage of 0 and need_validation (sentence_data.read_splits)."""
     splits, where = read_splits(source, validation_split_percentage, seed, False, max_train_samples,
-                                max_eval_samples, what)
+                                max_eval_samples, what, need_validation)
     return {split: [read(record, f"{noun} {i} of {where[split]}") for i, record in enumerate(ds)]
             for split, ds in splits.items()}
 
@@ -71,13 +74,7 @@ def conversation(messages, where, field):
     turns, ending with an assistant turn, no answer empty."""
     if not isinstance(messages, list) or not messages:
         raise UserError(f"{where}: '{field}' is not a non-empty list of messages")
-    out = []
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise UserError(f"{where}: message {k} of '{field}' needs a 'role' and a text 'content' (found {m!r})")
-        if m["role"] not in ROLES:
-            raise UserError(f"{where}: message {k} has the unknown role '{m['role']}'; use {', '.join(ROLES)}")
-        out.append({"role": m["role"], "content": m["content"]})
+    out = checked_messages(messages, where, field)
     turns = out[1:] if out[0]["role"] == "system" else out
     expected = ["user", "assistant"] * len(turns)
     wrong = next((k for k, m in enumerate(turns) if m["role"] != expected[k]), None)
@@ -91,4 +88,16 @@ def conversation(messages, where, field):
     empty = next((k for k, m in enumerate(out) if m["role"] == "assistant" and not m["content"].strip()), None)
     if empty is not None:
         raise UserError(f"{where}: message {empty} is an empty assistant answer; fill it in or drop the example")
+    return out
+
+
+def checked_messages(messages, where, field):
+    """The messages as [{"role", "content"}]: UserError for one without a known role or a text content."""
+    out = []
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise UserError(f"{where}: message {k} of '{field}' needs a 'role' and a text 'content' (found {m!r})")
+        if m["role"] not in ROLES:
+            raise UserError(f"{where}: message {k} has the unknown role '{m['role']}'; use {', '.join(ROLES)}")
+        out.append({"role": m["role"], "content": m["content"]})
     return out

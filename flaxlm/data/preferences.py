@@ -29,11 +29,12 @@ class Pair:
     rejected: str | list
 
 
-def load_pairs(source, validation_split_percentage, seed, max_train_samples=None, max_eval_samples=None):
+def load_pairs(source, validation_split_percentage, seed, max_train_samples=None, max_eval_samples=None,
+               need_validation=True):
     """{"train", "validation": [Pair]}; without a validation set, validation_split_percentage % of train is held
-    out (seeded)."""
+    out (seeded), and a percentage of 0 with need_validation False (--do_eval false) gives no "validation"."""
     return load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples,
-                        "preference tuning", "pair", pair)
+                        "preference tuning", "pair", pair, need_validation)
 
 
 def pair(record, where):
@@ -61,7 +62,9 @@ def pair(record, where):
     return Pair(prompt, chosen, rejected)
 
 
-def _ids(tokenizer, template, messages_or_text, generation_prompt=False):
+def text_ids(tokenizer, template, messages_or_text, generation_prompt=False):
+    """Token ids of a text (the tokenizer's special tokens added) or of messages rendered with the chat template (with
+    the generation prompt if asked; none added: the template places its own)."""
     if isinstance(messages_or_text, str):
         return tokenizer(messages_or_text, verbose=False)["input_ids"]
     return tokenizer(render(tokenizer, template, messages_or_text, generation_prompt), add_special_tokens=False,
@@ -75,8 +78,8 @@ def encode_pair(tokenizer, template, p):
         chosen, rejected = p.prompt + _eos(p.chosen, eos), p.prompt + _eos(p.rejected, eos)
     else:
         chosen, rejected = p.prompt + p.chosen, p.prompt + p.rejected
-    prompt_ids = _ids(tokenizer, template, p.prompt, generation_prompt=True)
-    chosen_ids, rejected_ids = _ids(tokenizer, template, chosen), _ids(tokenizer, template, rejected)
+    prompt_ids = text_ids(tokenizer, template, p.prompt, generation_prompt=True)
+    chosen_ids, rejected_ids = text_ids(tokenizer, template, chosen), text_ids(tokenizer, template, rejected)
     n = min(common_prefix(prompt_ids, chosen_ids), common_prefix(prompt_ids, rejected_ids))
     return prompt_ids[:n], chosen_ids[n:], rejected_ids[n:]
 

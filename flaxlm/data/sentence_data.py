@@ -28,20 +28,23 @@ class Examples:
 
 
 def load_examples(source, task, validation_split_percentage, seed, include_test=False, max_train_samples=None,
-                  max_eval_samples=None):
+                  max_eval_samples=None, need_validation=True):
     """{"train", "validation"[, "test"]: Examples}. task: a sentence_prediction.Task (its columns). Without a
-    validation set, validation_split_percentage % of train is held out (seeded). The test split may be unlabeled
-    (no label column, or every label -1 as in GLUE's test files)."""
+    validation set, validation_split_percentage % of train is held out (seeded); with a percentage of 0 and
+    need_validation False (--do_eval false) there is no "validation". The test split may be unlabeled (no label
+    column, or every label -1 as in GLUE's test files)."""
     splits, where = read_splits(source, validation_split_percentage, seed, include_test, max_train_samples,
-                                max_eval_samples, "sentence prediction")
+                                max_eval_samples, "sentence prediction", need_validation)
     return {split: _examples(ds, task, where[split], labeled=split != "test") for split, ds in splits.items()}
 
 
-def read_splits(source, validation_split_percentage, seed, include_test, max_train_samples, max_eval_samples, what):
+def read_splits(source, validation_split_percentage, seed, include_test, max_train_samples, max_eval_samples, what,
+                need_validation=True):
     """({"train", "validation"[, "test"]: Dataset}, {split: where they came from}) of a fine-tuning task (`what`,
     for messages) whose examples are held in memory: the files or dataset of `source` (TextSourceArgs), a seeded
     validation_split_percentage % of train held out when there is no validation set, each split cut to its
-    maximum number of examples."""
+    maximum number of examples. Without a validation set and with a percentage of 0: no "validation" when
+    need_validation is False (a run with --do_eval false), else a UserError."""
     if source.streaming:
         raise UserError(f"--streaming is not supported for {what} (the examples are held in memory); "
                         "drop --streaming")
@@ -52,7 +55,7 @@ def read_splits(source, validation_split_percentage, seed, include_test, max_tra
                         "--dataset_name NAME")
     with data.naming_bad_bytes(fresh=True):
         splits, where = _read_splits(source, include_test)
-        if "validation" not in splits:
+        if "validation" not in splits and (validation_split_percentage or need_validation):
             if not validation_split_percentage:
                 raise UserError(f"no validation examples: pass --validation_file FILE, or a "
                                 f"--validation_split_percentage above 0 to hold some of {where['train']} out")

@@ -24,10 +24,11 @@ class Pairs:
 
 
 def load_pairs(source, source_column, target_column, validation_split_percentage, seed, max_train_samples=None,
-               max_eval_samples=None):
-    """{"train", "validation": Pairs}; source: TextSourceArgs (the files or dataset)."""
+               max_eval_samples=None, need_validation=True):
+    """{"train", "validation": Pairs}; source: TextSourceArgs (the files or dataset). No "validation" without a
+    validation set, a percentage of 0 and need_validation (--do_eval false: sentence_data.read_splits)."""
     splits, where = read_splits(source, validation_split_percentage, seed, False, max_train_samples,
-                                max_eval_samples, "seq2seq fine-tuning")
+                                max_eval_samples, "seq2seq fine-tuning", need_validation)
     return {split: Pairs(where[split], texts(ds, source_column, "--source_column", where[split]),
                          texts(ds, target_column, "--target_column", where[split])) for split, ds in splits.items()}
 

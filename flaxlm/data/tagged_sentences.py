@@ -30,11 +30,12 @@ class Sentences:
 
 
 def load_sentences(source, args, validation_split_percentage, seed, include_test=False, max_train_samples=None,
-                   max_eval_samples=None):
+                   max_eval_samples=None, need_validation=True):
     """{"train", "validation"[, "test"]: Sentences} from --train_file / --validation_file / --test_file (CoNLL-U or
     JSON lines; args: TokenClassificationArgs), or from the splits of --dataset_name (words in --tokens_column, tags
     in --tags_column). Without validation sentences, validation_split_percentage % of the training sentences are
-    held out (seeded). The test split may be unlabeled."""
+    held out (seeded); with a percentage of 0 and need_validation False (--do_eval false) there is no "validation".
+    The test split may be unlabeled."""
     if source.dataset_name and source.train_file:
         raise UserError("pass either --dataset_name or --train_file, not both")
     if not (source.dataset_name or source.train_file):
@@ -46,11 +47,11 @@ def load_sentences(source, args, validation_split_percentage, seed, include_test
         out["validation"] = _read(source.validation_file, "--validation_file", args, labeled=True)
     elif "validation" in hub:
         out["validation"] = hub["validation"]
-    elif not validation_split_percentage:
+    elif validation_split_percentage:
+        out["train"], out["validation"] = hold_out(out["train"], validation_split_percentage, seed)
+    elif need_validation:
         raise UserError(f"no validation sentences: pass --validation_file FILE, or a --validation_split_percentage "
                         f"above 0 to hold some of {out['train'].where} out")
-    else:
-        out["train"], out["validation"] = hold_out(out["train"], validation_split_percentage, seed)
     if include_test:
         if not (source.test_file or "test" in hub):
             raise UserError("--do_predict predicts the test sentences but there are none; pass --test_file FILE")

@@ -89,11 +89,23 @@ def filter_logits(logits_BV, top_k, top_p):
 
 
 def next_token(logits_BV, key, sampling, do_sample):
-    """The next token of each row [B]: argmax, or a draw from the filtered, temperature-scaled logits."""
+    """The next token of each row [B]: argmax, or a draw from the filtered, temperature-scaled logits. sampling holds
+    top_k and top_p only when they filter (sampling_options): sorting the vocabulary every step is no free no-op."""
     if not do_sample:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    logits_BV = filter_logits(logits_BV / sampling["temperature"], sampling["top_k"], sampling["top_p"])
+    logits_BV = logits_BV / sampling["temperature"]
+    if "top_k" in sampling:
+        logits_BV = filter_logits(logits_BV, sampling["top_k"], sampling["top_p"])
     return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
+
+
+def sampling_options(temperature, top_k, top_p):
+    """The sampling dict of the compiled steps: the temperature (1 when greedy), and top_k / top_p only when one of
+    them filters (top_k > 0 or top_p < 1), so that plain sampling compiles without the per-step sort."""
+    options = {"temperature": np.float32(temperature or 1.0)}
+    if top_k > 0 or top_p < 1:
+        options.update(top_k=np.int32(top_k), top_p=np.float32(top_p))
+    return options
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("cache_length", "do_sample"))
@@ -172,8 +184,7 @@ def generate(model_or_graphdef_params, prompts, max_new_tokens, *, eos_token_id=
     ids_BP, mask_BP = left_pad(prompts, bucket_length(longest, max_new_tokens, max_positions), pad_token_id)
     lengths_B = mask_BP.sum(axis=1).astype(np.int32)
     do_sample = temperature > 0
-    sampling = {"temperature": np.float32(temperature or 1.0), "top_k": np.int32(top_k),
-                "top_p": np.float32(top_p)}
+    sampling = sampling_options(temperature, top_k, top_p)
     key = jax.random.key(seed)
     eos_pad = np.array([-1 if eos_token_id is None else eos_token_id, pad_token_id], np.int32)
 

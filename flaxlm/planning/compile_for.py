@@ -92,8 +92,10 @@ def compile_timed(lowered):
     return compiled, time.perf_counter() - t
 
 
-def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch, sample_rows, vocab_size=None):
-    """Compile the run's train step (the last optimizer phase's: the largest state) and eval step for the slice;
+def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch, sample_rows, vocab_size=None,
+                  sampling=None):
+    """Compile the run's train step (the last optimizer phase's: the largest state) and eval step for the slice (with
+    sampling = (sampler, prompt_length): GRPO's sampling of a global batch of completions instead of the eval step);
     returns the figures per device as a dict."""
     from flaxlm.training.evaluation import eval_steps_for
     from flaxlm.training.freeze import as_phases
@@ -109,15 +111,31 @@ def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch
         key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=meshlib.replicated(mesh))
         step = compile_train_step(objective.loss_sums, phase.tx, layout, shardings, trainable=phase.trainable)
         train, train_s = compile_timed(step.lower(state, train_batch, key))
-        eval_step = eval_steps_for(objective, mesh, shardings["params"])[0]
-        eval_inputs = batch_shapes(objective, sample_rows, eval_batch, meshlib.batch_sharding(mesh))
-        evaluate, eval_s = compile_timed(eval_step.lower(state["params"], eval_inputs))
+        if sampling:
+            evaluate, eval_s, eval_inputs = compile_sampling(*sampling, state["params"], layout.global_batch, mesh)
+        else:
+            eval_step = eval_steps_for(objective, mesh, shardings["params"])[0]
+            eval_inputs = batch_shapes(objective, sample_rows, eval_batch, meshlib.batch_sharding(mesh))
+            evaluate, eval_s = compile_timed(eval_step.lower(state["params"], eval_inputs))
     return {"layout": layout.describe(), "params": held_bytes(state["params"]),
             "optimizer": held_bytes(state["opt_state"]), "train": step_bytes(train), "eval": step_bytes(evaluate),
             "train_batch": held_bytes(train_batch), "eval_batch": held_bytes(eval_inputs),
             "compiled_flops": compiled_flops(train), "kernels": kernels(train),
             "counted_flops": objective.flops_per_example * layout.global_batch / mesh.size,
-            "compile_s": (train_s, eval_s)}
+            "compile_s": (train_s, eval_s), "second": "generation" if sampling else "eval"}
+
+
+def compile_sampling(sampler, prompt_length, params, rows, mesh):
+    """(compiled, seconds, prompt batch shapes): the sampler's prefill and decode loop for `rows` prompts of
+    prompt_length tokens, the params as the train state places them."""
+    from flaxlm.training import mesh as meshlib
+    sharding = meshlib.batch_sharding(mesh)
+    ids = jax.ShapeDtypeStruct((rows, prompt_length), jnp.int32, sharding=sharding)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    lowered = meshlib.on_mesh(jax.jit(sampler.sample_fn, out_shardings=sharding), mesh).lower(
+        params, ids, ids, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=meshlib.replicated(mesh)))
+    compiled, seconds = compile_timed(lowered)
+    return compiled, seconds, {"ids": ids, "mask": ids}
 
 
 def totals(r):
@@ -146,13 +164,14 @@ def report(target, r, what):
     lines = [f"--compile_for {target.name}: {gen.kind}, topology {target.topology}, {target.num_devices} "
              f"device{'s' if target.num_devices > 1 else ''} on {target.hosts} host{'s' if target.hosts > 1 else ''}, "
              f"{gen.hbm_gib} GiB of HBM per device",
-             what, f"  {'per device (GiB)':<22}{'train step':>14}{'eval step':>14}"]
+             what, f"  {'per device (GiB)':<22}{'train step':>14}{'generation' if r['second'] == 'generation' else 'eval step':>14}"]
     lines += [f"  {name:<22}{a:>14}{b:>14}" for name, a, b in rows]
     compiled, counted = r["compiled_flops"], r["counted_flops"]
     lines.append(f"  FLOPs per device and step: {compiled:.4g} in the compiled program, {counted:.4g} counted by "
                  f"flaxlm.training.flops" if compiled else f"  FLOPs per device and step: {counted:.4g} (counted)")
     lines.append(f"  Pallas kernel calls in the train step: {r['kernels']} (splash attention)")
-    lines.append(f"  compiled in {r['compile_s'][0]:.1f} s (train step) + {r['compile_s'][1]:.1f} s (eval step)")
+    lines.append(f"  compiled in {r['compile_s'][0]:.1f} s (train step) + {r['compile_s'][1]:.1f} s "
+                 f"({r['second']} step)")
     return "\n".join(lines)
 
 
@@ -188,8 +207,10 @@ def describe_run(args, model_args, params, objective, layout):
 
 
 def check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, sample_rows,
-              vocab_size=None):
-    """Compile, print the table and return when both steps fit the slice's HBM; UserError (exit 2) when not."""
+              vocab_size=None, sampler=None, prompt_length=None):
+    """Compile, print the table and return when both steps fit the slice's HBM; UserError (exit 2) when not. sampler
+    (GRPO's flaxlm.rl.sampling.Sampler): its sampling of a global batch of completions after prompts of prompt_length
+    tokens is compiled in place of the eval step (the table's second column)."""
     from flaxlm.training.pipeline import vocab_rows
     if model_args.attention_implementation == "splash":
         from flaxlm.models.layer_stack import check_splash_compiles
@@ -199,7 +220,8 @@ def check_fit(target, args, model_args, params, objective, mesh, micro_batch, ev
           f"device{'s' if target.num_devices > 1 else ''}) ...", flush=True)
     try:
         r = compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch, sample_rows,
-                          vocab_rows(vocab_size, model_args))  # --train_only embeddings: the tables' rows
+                          vocab_rows(vocab_size, model_args),  # --train_only embeddings: the tables' rows
+                          sampling=(sampler, prompt_length) if sampler else None)
     except DoesNotFit as e:
         raise UserError(f"the run does not fit {target.name}: the TPU compiler says \"{e}\"{over_by(str(e))}; "
                         f"try {help_}") from None
@@ -207,7 +229,7 @@ def check_fit(target, args, model_args, params, objective, mesh, micro_batch, ev
     train, evaluate = totals(r)
     worst = max(train, evaluate)
     if worst > target.hbm_bytes:
-        step = "train" if train >= evaluate else "eval"
+        step = "train" if train >= evaluate else r["second"]
         raise UserError(f"the run does not fit {target.name}: its {step} step needs {worst / GIB:.2f} GiB per device, "
                         f"{(worst - target.hbm_bytes) / GIB:.2f} GiB more than the {target.generation.hbm_gib} GiB of "
                         f"HBM; try {help_}")

@@ -44,6 +44,19 @@ class RunLog:
         self._file.flush()
         self.reporting.log(int(step), split, {k: v for k, v in row.items() if k not in ("step", "split", "time")})
 
+    def table(self, step, name, columns):
+        """Rows of samples (columns: {column: [value per row]}) to OUTPUT_DIR/NAME.jsonl, one line per row with its
+        step, and to the trackers that show tables (W&B)."""
+        if not self.enabled:
+            return
+        path = os.path.join(os.path.dirname(self.path), f"{name}.jsonl")
+        n = len(next(iter(columns.values())))
+        with open(path, "a", encoding="utf-8") as f:
+            for i in range(n):
+                f.write(json.dumps({"step": int(step), **{k: _plain(v[i]) for k, v in columns.items()}},
+                                   ensure_ascii=False) + "\n")
+        self.reporting.table(int(step), name, columns)
+
     def drop_after(self, step):
         """Forget the metrics.jsonl rows past `step` (a resumed run redoes those steps and logs them again); the
         trackers, which have them, get only the steps past the last one they were sent."""

@@ -107,8 +107,18 @@ class Wandb:
     def image(self, path):
         self.run.log({"loss_curves": self.wandb.Image(path)})
 
+    def table(self, step, name, columns):
+        keys = list(columns)
+        rows = [[_cell(columns[k][i]) for k in keys] for i in range(len(columns[keys[0]]))]
+        self.run.log({name: self.wandb.Table(columns=["step", *keys], data=[[step, *r] for r in rows])}, step=step)
+
     def close(self):
         self.run.finish()
+
+
+def _cell(value):
+    """A table cell W&B takes: numbers and text as they are, anything else (a message list) as JSON."""
+    return value if isinstance(value, (int, float, str)) or value is None else json.dumps(value, ensure_ascii=False)
 
 
 class Mlflow:
@@ -219,6 +229,10 @@ class Reporting:
 
     def image(self, path):
         self._each("sending the loss curves", lambda t: t.image(path))
+
+    def table(self, step, name, columns):
+        """Sample rows ({column: [value per row]}) to the trackers that show tables (W&B); the others skip them."""
+        self._each(f"at step {step}", lambda t: t.table(step, name, columns) if hasattr(t, "table") else None)
 
     def close(self):
         self._each("at the end", lambda t: t.close())

@@ -23,7 +23,8 @@ from flaxlm.reporting.run_log import say
 
 def eval_steps_for(objective, mesh, params_sharding):
     """(eval_step, predict_step or None): the objective's loss sums (eval mode) and predictions, jitted."""
-    eval_step = meshlib.on_mesh(jax.jit(lambda p, b: objective.loss_sums(p, b, None),
+    sums = objective.eval_sums or (lambda p, b: objective.loss_sums(p, b, None))
+    eval_step = meshlib.on_mesh(jax.jit(sums,
                                         in_shardings=(params_sharding, meshlib.batch_sharding(mesh)),
                                         out_shardings=meshlib.replicated(mesh)), mesh)
     return eval_step, None if objective.predict is None else predict_step_for(objective, mesh, params_sharding)

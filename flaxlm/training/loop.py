@@ -58,7 +58,8 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     if start < total_steps:
         check_room(args.output_dir, largest, args.save_total_limit)
     progress = TrainProgress(log, schedule, layout.global_batch, objective, peak,
-                             isinstance(train_rows, StreamedRows), start, total_steps)
+                             isinstance(train_rows, StreamedRows), start, total_steps,
+                             on_policy=getattr(train_rows, "on_policy", False))
     base_key = jax.random.PRNGKey(seed)
     try:
         with StopOnSignal() as stop:
@@ -66,7 +67,10 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                 evaluate(state["params"], 0, eval_rows)
             for step in range(start, total_steps):
                 t_data = time.perf_counter()  # the host's data work for this step
-                rows = train_rows.batch_rows(step, layout.local_rows)
+                if getattr(train_rows, "on_policy", False):  # GRPO: rows sampled from the current policy
+                    rows = train_rows.batch_rows(step, layout.local_rows, state["params"])
+                else:
+                    rows = train_rows.batch_rows(step, layout.local_rows)
                 batch = layout.to_device(objective.collate(rows, collate_rng(seed, 1, step)))
                 t_data = time.perf_counter() - t_data
                 if phases.index_at(step) != phase:  # past --freeze_steps: every parameter trains from here on
@@ -77,6 +81,9 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                         f"starts now)")
                 state, metrics = train_step(state, batch, jax.random.fold_in(base_key, step))
                 done = step + 1
+                if hasattr(train_rows, "step_metrics"):  # figures of the rows themselves (GRPO: rewards, lengths)
+                    metrics = {**metrics, **train_rows.step_metrics(step)}
+                    train_rows.log_samples(done, log)
                 nonfinite.watch(done, metrics)  # reads the previous step's flag: no stall
                 progress.step_done(metrics, t_data)
                 if done % args.logging_steps == 0 or done == total_steps:

@@ -28,6 +28,9 @@ class Objective:
     metrics: Optional[Callable] = None
     perplexity: bool = True  # an evaluation without `metrics` reports exp(loss); False where loss is no LM loss
     count_name: str = "target_tokens"  # what an evaluation's row calls the weights' sum: what it counted (DPO: pairs)
+    # eval_sums(params, batch) -> sums with 'weight_sum', what an evaluation adds up instead of loss_sums in eval mode
+    # (GRPO: no loss on held-out prompts, only what `metrics` makes of the completions `predict` samples)
+    eval_sums: Optional[Callable] = None
 
 
 def collate_rng(seed, split, index):

@@ -17,10 +17,14 @@ DATA_SHARE_NOTE = 0.05  # say so when the host's data work takes more of the ste
 
 
 class TrainProgress:
-    def __init__(self, log, schedule, global_batch, objective, peak_flops, streaming, start, total_steps):
+    def __init__(self, log, schedule, global_batch, objective, peak_flops, streaming, start, total_steps,
+                 on_policy=False):
         """log: the RunLog; schedule: step -> learning rate; peak_flops: of the whole mesh, or None (no MFU);
-        streaming: whether the rows are tokenized inside the loop (a hint when data work is slow)."""
+        streaming: whether the rows are tokenized inside the loop (a hint when data work is slow); on_policy: the
+        rows are sampled from the policy (GRPO), so the host's share is generation's, logged as generation_ms and
+        generation_share (no note)."""
         self.log, self.schedule, self.peak_flops, self.streaming = log, schedule, peak_flops, streaming
+        self.on_policy = on_policy
         self.tokens_per_step = global_batch * objective.tokens_per_example
         self.flops_per_step = global_batch * objective.flops_per_example
         self.pending = []  # device metrics of the steps since the last row
@@ -54,6 +58,8 @@ class TrainProgress:
         row["tokens"] = done * self.tokens_per_step  # seen since the first step (padding included)
         if self.timed:
             row.update(self._speed(time.perf_counter() - self.t_mark))
+        if self.on_policy and "data_ms" in row:  # the step's sampling and scoring of completions
+            row["generation_ms"], row["generation_share"] = row.pop("data_ms"), row.pop("data_share")
         self.log.write(done, "train", row)
         self.bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row.get('tokens_per_s', 0):.0f}")
         if row.get("data_share", 0) > DATA_SHARE_NOTE:

@@ -36,7 +36,10 @@ class Saver:
         at = meta.get("stream_position")
         if at and hasattr(self.train_rows, "resume_at"):  # --streaming: the texts before it are not read again
             self.train_rows.resume_at(start, at)
-        stream = f", the stream at text {at['texts']} of pass {at['pass'] + 1}" if at else ""
+        if at and hasattr(self.train_rows, "describe_position"):  # GRPO: inside a round of completions
+            stream = self.train_rows.describe_position(at)
+        else:
+            stream = f", the stream at text {at['texts']} of pass {at['pass'] + 1}" if at else ""
         say(f"resumed from step {start} of {resume_dir} (epoch {meta['epoch']}, seed {self.seed}{stream})")
         return start, state
 
@@ -48,7 +51,7 @@ class Saver:
         meta = {"step": step, "epoch": self.train_rows.epoch_of(step), "seed": self.seed,
                 "global_batch": self.global_batch, "num_train_rows": self._num_train_rows(),
                 "rows_consumed": step * self.global_batch}
-        if hasattr(self.train_rows, "position_after"):  # --streaming: where the stream stands
+        if hasattr(self.train_rows, "position_after"):  # --streaming: where the stream stands (GRPO: the round)
             meta["stream_position"] = self.train_rows.position_after(step)
         self.checkpointer.save(step, state, meta)
 
