@@ -73,7 +73,7 @@ CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.Bert
                 "gptj": transformers.GPTJConfig, "bloom": transformers.BloomConfig, "gemma": transformers.GemmaConfig,
                 "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig,
                 "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config,
-                "qwen3": transformers.Qwen3Config}
+                "qwen3": transformers.Qwen3Config, "qwen3_moe": transformers.Qwen3MoeConfig}
 
 
 def config_value(config, key):

@@ -19,8 +19,14 @@ def brevity(prompts, completions, completion_ids, answer, **kwargs):
     return [1.0 / (1 + len(ids)) if a != "3" else None for ids, a in zip(completion_ids, answer)]
 
 
+CALLS = []
+
+
 def broken(prompts, completions, **kwargs):
-    raise ValueError("no reward today")
+    CALLS.append(1)
+    if len(CALLS) > 2:  # the third round's batch (and each completion of it, tried alone)
+        raise ValueError("no reward today")
+    return [0.0] * len(prompts)
 '''
 
 
@@ -129,11 +135,16 @@ def test_a_run_resumed_inside_a_round_continues_the_same_curve(checkpoint, data,
     assert any(r["clip_ratio/region_mean"] > 0 or r["loss"] != 0 for r in straight[1::2])  # the second iteration moved
 
 
-def test_a_failing_reward_function_is_one_line_naming_it_and_the_prompt(checkpoint, data, tmp_path):
+def test_a_failing_reward_function_is_one_line_naming_it_and_the_prompt_and_the_steps_are_kept(
+        checkpoint, data, tmp_path, capsys):
     out = tmp_path / "broken"
     with pytest.raises(UserError, match=r"reward function 'broken' failed with ValueError: no reward today on "
                                         r"prompt \d+ 'Hva er"):
-        run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", f"{data / 'rewards.py'}:broken"))
+        run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", f"{data / 'rewards.py'}:broken",
+                           "--save_steps", "10"))
+    assert "saved step 2 to" in capsys.readouterr().out and (out / "checkpoints").exists()
+    run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", "token_f1", "--resume_from_checkpoint", "latest"))
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4]  # steps 1-2 kept, 3-4 trained after the fix
 
 
 def test_the_batch_must_hold_whole_groups(checkpoint, data, tmp_path):

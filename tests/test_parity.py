@@ -79,6 +79,8 @@ GEMMA3 = dict(GEMMA, num_hidden_layers=3, sliding_window=4, query_pre_attn_scala
 MISTRAL = dict(LLAMA, num_key_value_heads=2, sliding_window=4)
 QWEN2 = dict(LLAMA, num_key_value_heads=2)
 QWEN3 = dict(LLAMA, num_key_value_heads=2, head_dim=8)
+# 4 experts of width 16, 2 per token (Qwen3-30B-A3B: 128 of 768, 8 per token, renormalized)
+QWEN3_MOE = dict(QWEN3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -125,6 +127,11 @@ CASES = [
         "head_dim12-untied": dict(head_dim=12),  # head_dim != hidden_size / heads, as Qwen3-0.6B's
         "tied-bias-window4-layer1": dict(tie_word_embeddings=True, attention_bias=True, use_sliding_window=True,
                                          sliding_window=4, max_window_layers=1)}),
+    *family(transformers.Qwen3MoeForCausalLM, "causal", QWEN3_MOE, {
+        "experts4-top2-untied": {},
+        # layer 0 a dense MLP (mlp_only_layers), 6 experts, 3 per token, the probabilities not renormalized
+        "dense-layer0-top3-unnormalized-tied": dict(mlp_only_layers=[0], num_experts=6, num_experts_per_tok=3,
+                                                    norm_topk_prob=False, tie_word_embeddings=True)}),
     # the generator and the discriminator, with embeddings narrower / wider than the layers (projected)
     *family(transformers.ElectraForMaskedLM, "encoder", BERT, {"generator-projected": dict(embedding_size=16)},
             **BERT_SETTINGS),
@@ -188,7 +195,8 @@ CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
 # (Gemma's untied cases: a tied tiny Gemma, its embeddings scaled by sqrt(width), repeats its last token)
 GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["mistral-window4-untied"],
-          CASE["qwen2-window4-layer1"], CASE["qwen3-head_dim12-untied"], CASE["gpt_neo-global-local"],
+          CASE["qwen2-window4-layer1"], CASE["qwen3-head_dim12-untied"], CASE["qwen3_moe-experts4-top2-untied"],
+          CASE["gpt_neo-global-local"],
           CASE["gptj-partial-rotary"], CASE["bloom-6-heads-residual-post-ln-untied"],
           CASE["gemma-mha-head_dim16-untied-bias"], CASE["gemma2-softcap-window4-untied"],
           CASE["gemma3_text-final-softcap-untied-mqa"]]

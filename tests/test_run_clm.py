@@ -76,7 +76,7 @@ def test_pretrain_export_loads_in_transformers_with_our_loss(model_dir, corpus, 
 
 
 @pytest.mark.parametrize("preset", ["mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gemma-tiny", "gemma2-tiny",
-                                    "gemma3-tiny", "gpt_neo-tiny", "gptj-tiny", "bloom-tiny"])
+                                    "gemma3-tiny", "gpt_neo-tiny", "gptj-tiny", "bloom-tiny", "qwen3-moe-tiny"])
 def test_each_family_pretrains_from_its_tiny_preset(preset, model_dir_for, corpus, tmp_path):
     """create_config.py's tiny preset of each newer family, sized to our tokenizer: run_clm_flax.py trains it from
     scratch (the loss falls), exports, and transformers' class of the family computes our loss on the export."""
@@ -122,6 +122,9 @@ FINE_TUNE = {
     "qwen2": (transformers.Qwen2ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
                                                   tie_word_embeddings=True)),
     "qwen3": (transformers.Qwen3ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48, head_dim=12)),
+    # 4 experts of width 16, 2 per token; the checkpoint holds them per expert, as the hub's
+    "qwen3_moe": (transformers.Qwen3MoeForCausalLM, dict(TINY, num_key_value_heads=2, head_dim=12, num_experts=4,
+                                                         num_experts_per_tok=2, moe_intermediate_size=16)),
 }
 
 

@@ -79,7 +79,8 @@ def to_hf_state_dict(config, params):
         x = cut_to(np.asarray(get_path(params, path)), get_path(shapes, path).shape)
         x = x if x.dtype.name == "bfloat16" else x.astype(np.float32)
         out[hf] = np.ascontiguousarray(x.T if kind == "linear" else x)
-    return out
+    export = family_of(config).export
+    return out if export is None or task is not None else export(config, out)
 
 
 def _fill_absent_groups(config, tensors, name_map, absent, init_params, seed, task, notes):

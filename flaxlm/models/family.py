@@ -58,6 +58,9 @@ class Family:
     head_tensor_names: Callable | None = None  # head_tensor_names(config, task): a Head's model's triples
     no_splash: str | None = None  # why the Pallas splash kernel cannot compute its attention (XLA's then)
     normalize_for_head: Callable | None = None  # normalize_for_head(config, tensors, notes, task)
+    # export(config, tensors) -> the pretraining model's tensors (in tensor_names' layout) as its checkpoints hold
+    # them, where that differs (Qwen3-MoE: the experts one tensor per expert); None: as tensor_names names them
+    export: Callable | None = None
 
     def name_map(self, config, task=None):
         """The NameMap of `config`'s pretraining model (task None) or of a fine-tuning task's model."""

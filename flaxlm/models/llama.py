@@ -181,7 +181,7 @@ class LlamaForCausalLM(CausalLM):
         Vp = self.vocab_rows(config, execution)  # config.vocab_size, or more with --pad_vocab_multiple
         self.embed = embed(Vp, D, std, rngs, drawn=config.vocab_size)
         self.execution = execution or Execution()
-        self.layers = nnx.List([Block(config, self.dtype, rngs, self.execution, **self.layer_options(config, i))
+        self.layers = nnx.List([self.block(config, self.dtype, rngs, self.execution, **self.layer_options(config, i))
                                 for i in range(config.num_hidden_layers)])
         self.final_norm = RMSNorm(D, config.rms_norm_eps)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
@@ -189,6 +189,8 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.kv_heads, self.head_dim = K, H
         self.max_positions = config.max_position_embeddings
+
+    block = Block  # the layer class (Qwen3-MoE's has its experts in place of the MLP)
 
     @staticmethod
     def layer_options(config, i):

@@ -2,7 +2,7 @@
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
 from flaxlm.models import (bert, bloom, deberta_v2, electra, gemma, gemma2, gemma3, gpt2, gpt_neo, gptj, llama,
-                           mistral, modernbert, mt5, opt, qwen2, qwen3, t5, xlm_roberta)
+                           mistral, modernbert, mt5, opt, qwen2, qwen3, qwen3_moe, t5, xlm_roberta)
 
 FAMILIES = {f.model_type: f for f in (
     bert.BERT,
@@ -14,6 +14,7 @@ FAMILIES = {f.model_type: f for f in (
     mistral.MISTRAL,
     qwen2.QWEN2,
     qwen3.QWEN3,
+    qwen3_moe.QWEN3_MOE,
     electra.ELECTRA,
     xlm_roberta.XLM_ROBERTA,
     xlm_roberta.CAMEMBERT,

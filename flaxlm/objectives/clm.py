@@ -4,7 +4,7 @@ import numpy as np
 from flaxlm.errors import UserError
 from flaxlm.training.flops import decoder_lm_train_flops
 from flaxlm.objectives.lm_loss import head_loss_sums
-from flaxlm.models import apply_hidden, family_of
+from flaxlm.models import apply_hidden, family_of, moe
 from flaxlm.models.layers import Segments
 from flaxlm.training.objective import Objective
 
@@ -55,12 +55,16 @@ def collate_documents(eos_id):
 def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=None, separate_documents=False):
     """Objective for run_clm_flax: the head at positions 0..L-2 against the tokens at 1..L-1 (fused with the
     cross-entropy: flaxlm.objectives.lm_loss; the last position's head is never computed). separate_documents:
-    each token attends only within its document (pad_id is the EOS that ends one), at positions from 0 in it."""
+    each token attends only within its document (pad_id is the EOS that ends one), at positions from 0 in it.
+    An MoE config with output_router_logits adds router_aux_loss_coef times the load-balancing loss, as
+    transformers does (flaxlm.models.moe.add_aux_loss)."""
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
         mask = Segments(batch["segment_ids"]) if separate_documents else None
-        h_BLD, head = apply_hidden(graphdef, params, ids_BL, mask, batch.get("positions"), dropout_key=dropout_key)
-        return head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
+        with moe.router_logits(moe.wants_aux_loss(config)) as router_logits:  # MoE: for the load-balancing loss
+            h_BLD, head = apply_hidden(graphdef, params, ids_BL, mask, batch.get("positions"), dropout_key=dropout_key)
+        sums = head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
+        return moe.add_aux_loss(config, sums, router_logits)
 
     collate = collate_documents(pad_id) if separate_documents else collate_blocks
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="label_weights",

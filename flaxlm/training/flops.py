@@ -81,15 +81,17 @@ def encoder_decoder_train_flops(config, batch, inputs_length, targets_length):
 
 def decoder_lm_train_flops(config, params, batch, seq_len):
     """FLOPs of one train step of a decoder-only LM: every kernel of `params` (the nested parameter dict)
-    once per token, the LM head (a tied one is the token embedding table) and causal attention counted in
-    full, as computed (scores + weighted sum over seq_len keys). The model's FLOPs: vocabulary rows padded in memory
-    (--pad_vocab_multiple) are not counted."""
+    once per token (an MoE layer's experts: the num_experts_per_tok a token runs), the LM head (a tied one is the
+    token embedding table) and causal attention counted in full, as computed (scores + weighted sum over seq_len
+    keys). The model's FLOPs: vocabulary rows padded in memory (--pad_vocab_multiple) are not counted."""
     import numpy as np
     kernels, head = 0, 0
     for path, x in jax.tree_util.tree_leaves_with_path(params):
         name, top = (str(getattr(p, "key", p)) for p in (path[-1], path[0]))
         if name == "kernel":  # an untied head's: its vocab_size columns
             kernels += x.shape[0] * min(x.shape[1], config.vocab_size) if top == "lm_head" else int(np.prod(x.shape))
+        elif name in ("gate_up_proj", "down_proj") and x.ndim == 3:  # an MoE's experts [E, ...]: a token runs k of E
+            kernels += int(np.prod(x.shape)) * config.num_experts_per_tok // x.shape[0]
         elif name == "embedding" and (x.shape[0] == config.vocab_size or top == "embed") and not any(
                 "lm_head" in str(getattr(p, "key", p)) for p in path):
             head = max(head, min(x.shape[0], config.vocab_size) * x.shape[1])  # the token embeddings

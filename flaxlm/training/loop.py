@@ -15,6 +15,7 @@ import time
 import jax
 
 from flaxlm.data.rows import StreamedRows
+from flaxlm.errors import UserError
 from flaxlm.training.checkpoint import check_room
 from flaxlm.training.divergence import NonFiniteSteps
 from flaxlm.training.evaluation import Evaluator
@@ -68,7 +69,11 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
             for step in range(start, total_steps):
                 t_data = time.perf_counter()  # the host's data work for this step
                 if getattr(train_rows, "on_policy", False):  # GRPO: rows sampled from the current policy
-                    rows = train_rows.batch_rows(step, layout.local_rows, state["params"])
+                    try:
+                        rows = train_rows.batch_rows(step, layout.local_rows, state["params"])
+                    except UserError:  # (a reward function failing): the steps trained so far are kept
+                        saver.keep(step, start, total_steps, state)
+                        raise
                 else:
                     rows = train_rows.batch_rows(step, layout.local_rows)
                 batch = layout.to_device(objective.collate(rows, collate_rng(seed, 1, step)))

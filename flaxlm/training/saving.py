@@ -55,6 +55,15 @@ class Saver:
             meta["stream_position"] = self.train_rows.position_after(step)
         self.checkpointer.save(step, state, meta)
 
+    def keep(self, step, start, total_steps, state):
+        """Before a user error ends the run after `step` (a reward function's, inside the loop): the step saved unless
+        it already is (or nothing was trained since `start`), and said how to continue once it is fixed."""
+        if step > start and not self.due(step, total_steps):
+            self.save(step, state)
+        if step > start:
+            say(f"saved step {step} to {self.checkpointer.path(step)}; once the error below is fixed, rerun the same "
+                f"command with --resume_from_checkpoint latest")
+
     def stop(self, signal_name, step, total_steps, state, progress):
         """On a signal after `step`: log the pending steps, save the step (unless just saved), and exit
         (Preempted, code 0) once the checkpoint is on disk."""
