@@ -8,6 +8,8 @@ from flaxlm.models import abstract_model, load_config
 from flaxlm.models.registry import FAMILIES
 from tpu_compile import compile_for_v5e_8, needs_libtpu, tiny_preset, tokenizer_kind
 
+MOE = ("qwen3_moe",)  # the mixture-of-experts families (flaxlm.models.moe)
+
 
 @needs_libtpu
 @pytest.mark.parametrize("model_type", list(FAMILIES))
@@ -18,10 +20,14 @@ def test_tiny_preset_compiles_for_a_v5e_8_with_fsdp(model_type, model_dir_for, c
     assert "--compile_for v5e-8: TPU v5 lite, topology v5e:2x4, 8 devices on 1 host" in out
     assert "fits v5e-8" in out
     # The program is the whole step: its FLOPs per chip are those counted for a global batch of 16 over 8 chips, up
-    # to what the count leaves out (norms, softmax, the optimizer) and the tiny widths' rounding.
-    assert 0.7 < r["compiled_flops"] / r["counted_flops"] < 1.6
+    # to what the count leaves out (norms, softmax, the optimizer) and the tiny widths' rounding. An MoE family's count
+    # is its active experts' (flaxlm.training.flops), which the compiled grouped matmuls match (ragged_dot's cost is
+    # the routed tokens', not every expert's), and leaves out the routing (router softmax, top-k, the sort and
+    # scatter of the token copies): the program is 1.69x the count at qwen3-moe-tiny (8 experts, top 2; 2026-11-29).
+    assert 0.7 < r["compiled_flops"] / r["counted_flops"] < (2.0 if model_type in MOE else 1.6)
     # fsdp: the embeddings (the only arrays of the tiny models big enough to split) lie in eighths over the chips.
     whole = sum(p.size * 4 for p in jax.tree.leaves(abstract_model(load_config(model_dir))[1]))
     assert r["params"] < whole
     assert r["train"]["arguments"] >= r["params"] + r["optimizer"] + r["train_batch"] and r["train"]["code"] > 0
-    assert r["kernels"] == 0  # XLA attention: no Pallas kernel
+    # XLA attention: no Pallas kernel; an MoE family's ragged_dot becomes libtpu's Mosaic grouped-matmul kernels
+    assert r["kernels"] > 0 if model_type in MOE else r["kernels"] == 0

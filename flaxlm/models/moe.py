@@ -97,8 +97,8 @@ class SparseMoE(nnx.Module):
         if collected is not None:
             if not self.collectable:
                 raise UserError("the load-balancing loss (output_router_logits in config.json) needs the layers "
-                                "run in a plain loop; drop --scan_layers and --remat, or set output_router_logits "
-                                "to false")
+                                "run in a plain loop; drop --scan_layers and --remat_policy, or set "
+                                "output_router_logits to false")
             collected.append(logits_ME.astype(jnp.float32))
         return grouped_swiglu(x_MD, experts_MK, weights_MK, self.gate_up_proj[...], self.down_proj[...],
                               activation(self.act), self.dtype)

@@ -72,7 +72,8 @@ def compiled_flops(compiled):
 
 
 def kernels(compiled):
-    """How many Pallas TPU kernels (splash attention's forward and backward) a compiled program calls."""
+    """How many Pallas / Mosaic TPU kernels (splash attention's forward and backward; libtpu's grouped matmul of an
+    MoE's jax.lax.ragged_dot, with its metadata kernel) a compiled program calls."""
     return compiled.as_text().count('custom_call_target="tpu_custom_call"')
 
 
@@ -169,7 +170,8 @@ def report(target, r, what):
     compiled, counted = r["compiled_flops"], r["counted_flops"]
     lines.append(f"  FLOPs per device and step: {compiled:.4g} in the compiled program, {counted:.4g} counted by "
                  f"flaxlm.training.flops" if compiled else f"  FLOPs per device and step: {counted:.4g} (counted)")
-    lines.append(f"  Pallas kernel calls in the train step: {r['kernels']} (splash attention)")
+    lines.append(f"  Pallas kernel calls in the train step: {r['kernels']} (splash attention; an MoE's grouped "
+                 f"matmuls)")
     lines.append(f"  compiled in {r['compile_s'][0]:.1f} s (train step) + {r['compile_s'][1]:.1f} s "
                  f"({r['second']} step)")
     return "\n".join(lines)

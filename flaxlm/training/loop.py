@@ -68,14 +68,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                 evaluate(state["params"], 0, eval_rows)
             for step in range(start, total_steps):
                 t_data = time.perf_counter()  # the host's data work for this step
-                if getattr(train_rows, "on_policy", False):  # GRPO: rows sampled from the current policy
-                    try:
-                        rows = train_rows.batch_rows(step, layout.local_rows, state["params"])
-                    except UserError:  # (a reward function failing): the steps trained so far are kept
-                        saver.keep(step, start, total_steps, state)
-                        raise
-                else:
-                    rows = train_rows.batch_rows(step, layout.local_rows)
+                rows = step_rows(train_rows, step, layout.local_rows, state, saver, start, total_steps)
                 batch = layout.to_device(objective.collate(rows, collate_rng(seed, 1, step)))
                 t_data = time.perf_counter() - t_data
                 if phases.index_at(step) != phase:  # past --freeze_steps: every parameter trains from here on
@@ -112,3 +105,15 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     if test_rows is not None:
         evaluate(state["params"], max(start, total_steps), test_rows, "test")
     return gather_to_host_readable(state["params"])  # fsdp over hosts: whole arrays for the export
+
+
+def step_rows(train_rows, step, local, state, saver, start, total_steps):
+    """This process's rows of `step`: fixed rows by their order, or (GRPO, on_policy) rows sampled from the current
+    params, where a user error (a reward function failing) first saves the steps trained so far."""
+    if not getattr(train_rows, "on_policy", False):
+        return train_rows.batch_rows(step, local)
+    try:
+        return train_rows.batch_rows(step, local, state["params"])
+    except UserError:
+        saver.keep(step, start, total_steps, state)
+        raise
