@@ -41,7 +41,7 @@ def main(argv=None):
     from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate, trl_router_loss
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
@@ -65,6 +65,7 @@ def main(argv=None):
     # and the batch sizes (in pairs).
     tokenizer, config, graphdef, params, lora, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
         args, model_args, target, tokenizer, script="run_clm_flax.py", lora_args=lora_args, read_sharded=True)
+    config = trl_router_loss(model_args, config)  # an MoE's load-balancing loss on unless its coefficient is 0
     max_length = resolve_block_size(dpo_args.max_length, None, tokenizer, config)  # --max_seq_length: its alias
 
     # The objective.

@@ -43,7 +43,7 @@ def main(argv=None):
     from flaxlm.rl.sampling import Sampler
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
-    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate, trl_router_loss
 
     start_run(args, model_args)  # join the other hosts; check --output_dir and the hub before any work
     target = compile_target(args)  # --compile_for: the TPU slice (nothing written, no host joined); else None
@@ -62,6 +62,7 @@ def main(argv=None):
     template = resolve_template(tokenizer, grpo.chat_template) if conversational or grpo.chat_template else None
     tokenizer, config, graphdef, params, lora, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
         args, model_args, target, tokenizer, script="run_clm_flax.py", lora_args=lora_args, read_sharded=True)
+    config = trl_router_loss(model_args, config)  # an MoE's load-balancing loss on unless its coefficient is 0
     # (the batch sizes count completions, as TRL's do)
     if template:
         tokenizer.chat_template = template  # the export answers as it was trained

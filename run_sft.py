@@ -34,7 +34,7 @@ def main(argv=None):
     from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
     from flaxlm.training.output_dir import start_fresh
-    from flaxlm.training.pipeline import export, start_run, train_and_evaluate
+    from flaxlm.training.pipeline import export, start_run, train_and_evaluate, trl_router_loss
     from flaxlm.reporting.run_log import say
     from flaxlm.data.chat_template import end_of_turn, missing_markers, resolve_template
 
@@ -55,6 +55,7 @@ def main(argv=None):
     tokenizer, config, graphdef, params, lora, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
         args, model_args, target, tokenizer, script="run_clm_flax.py", lora_args=lora_args, chat_markers=markers,
         add_tokens=add_special_tokens, read_sharded=True)
+    config = trl_router_loss(model_args, config)  # an MoE's load-balancing loss on unless its coefficient is 0
     if template:
         tokenizer.chat_template = template  # the export answers as it was trained
     stop = end_of_turn(tokenizer, template) if template else None

@@ -41,6 +41,15 @@ RECIPES = {
                        ["v5e-4", "v5e-8", "v5e-16", "v4-8", "v6e-8"]),
     "dpo-mistral-7b-lora": ("run_dpo.py", "mistral-7b", "bpe", "--model_name_or_path", ["v5e-4", "v5e-8"]),
     "grpo-mistral-7b-lora": ("run_grpo.py", "mistral-7b", "bpe", "--model_name_or_path", ["v5e-8", "v5e-16"]),
+    # mixtures of experts (--sharding expert; --flags "--sharding fsdp" compiles them without the expert axis)
+    "continue-qwen3-30b-a3b": ("run_clm_flax.py", "qwen3-30b-a3b", "bpe", "--model_name_or_path",
+                               ["v5e-32", "v5e-64", "v5p-16", "v5p-32", "v6e-16", "v6e-32"]),
+    "sft-qwen3-30b-a3b-lora": ("run_sft.py", "qwen3-30b-a3b", "bpe", "--model_name_or_path",
+                               ["v5e-8", "v5e-16", "v5p-8", "v6e-8"]),
+    "continue-mixtral-8x7b": ("run_clm_flax.py", "mixtral-8x7b", "bpe", "--model_name_or_path",
+                              ["v5e-64", "v5e-128", "v5p-32", "v5p-64", "v6e-32", "v6e-64"]),
+    "sft-mixtral-8x7b-lora": ("run_sft.py", "mixtral-8x7b", "bpe", "--model_name_or_path",
+                              ["v5e-8", "v5e-16", "v5p-8", "v6e-8"]),
 }
 
 

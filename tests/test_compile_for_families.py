@@ -8,7 +8,7 @@ from flaxlm.models import abstract_model, load_config
 from flaxlm.models.registry import FAMILIES
 from tpu_compile import compile_for_v5e_8, needs_libtpu, tiny_preset, tokenizer_kind
 
-MOE = ("qwen3_moe",)  # the mixture-of-experts families (flaxlm.models.moe)
+MOE = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe")  # the mixture-of-experts families (flaxlm.models.moe)
 
 
 @needs_libtpu

@@ -72,8 +72,10 @@ CONFIG_CLASS = {"roberta": transformers.RobertaConfig, "bert": transformers.Bert
                 "mt5": transformers.MT5Config, "umt5": transformers.UMT5Config, "gpt_neo": transformers.GPTNeoConfig,
                 "gptj": transformers.GPTJConfig, "bloom": transformers.BloomConfig, "gemma": transformers.GemmaConfig,
                 "gemma2": transformers.Gemma2Config, "gemma3_text": transformers.Gemma3TextConfig,
-                "mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config,
-                "qwen3": transformers.Qwen3Config, "qwen3_moe": transformers.Qwen3MoeConfig}
+                "mistral": transformers.MistralConfig, "mixtral": transformers.MixtralConfig,
+                "qwen2": transformers.Qwen2Config,
+                "qwen3": transformers.Qwen3Config, "qwen3_moe": transformers.Qwen3MoeConfig,
+                "qwen2_moe": transformers.Qwen2MoeConfig, "olmoe": transformers.OlmoeConfig}
 
 
 def config_value(config, key):
@@ -160,10 +162,16 @@ def test_param_counts_match_known_sizes():
     # mistralai/Mistral-7B-v0.1 and v0.3, Qwen/Qwen2.5-0.5B, -7B, Qwen/Qwen3-0.6B-Base, -8B-Base (a tied head once)
     assert count_params(build_config("mistral-7b")) == 7_241_732_096
     assert count_params(build_config("mistral-7b-v0.3")) == 7_248_023_552
+    # mistralai/Mixtral-8x7B-v0.1 (46.7B) and Mixtral-8x22B-v0.1 (141B): every expert counted
+    assert count_params(build_config("mixtral-8x7b")) == 46_702_792_704
+    assert count_params(build_config("mixtral-8x22b")) == 140_620_634_112
     assert count_params(build_config("qwen2.5-0.5b")) == 494_032_768
     assert count_params(build_config("qwen2.5-7b")) == 7_615_616_512
     assert count_params(build_config("qwen3-0.6b")) == 596_049_920
     assert count_params(build_config("qwen3-8b")) == 8_190_735_360
+    # Qwen/Qwen1.5-MoE-A2.7B's model card: 14.3B in total; Qwen/Qwen2-57B-A14B's: 57B
+    assert round(count_params(build_config("qwen1.5-moe-a2.7b")) / 1e8) == 143
+    assert round(count_params(build_config("qwen2-57b-a14b")) / 1e9) == 57
     assert count_params(build_config("mt5-small")) == 300_176_768  # google/mt5-small, lm_head untied
     # EleutherAI/gpt-neo-125m, 1.3b, bigscience/bloom-560m, bloom-1b7 (their model cards' counts); EleutherAI/gpt-j-6b:
     # transformers' GPTJForCausalLM (its model card's 6,053,381,344 counts otherwise)

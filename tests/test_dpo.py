@@ -4,6 +4,7 @@ model; the log-probabilities count only answer tokens; a resumed run reuses the 
 curve; bad pairs are one line."""
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,6 +35,28 @@ def checkpoints(tiny_gpt2_dir, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def moe_checkpoints(tiny_gpt2_dir, tmp_path_factory):
+    """(policy, reference): two tiny Qwen3-MoEs of different random weights with our tokenizer, the load-balancing
+    loss weighing 0.5 (so that it shows)."""
+    import torch
+    import transformers
+    out = []
+    for seed in (0, 1):
+        d = tmp_path_factory.mktemp(f"dpo-moe-{seed}")
+        shutil.copytree(tiny_gpt2_dir, d, dirs_exist_ok=True)
+        tok = transformers.AutoTokenizer.from_pretrained(d)
+        config = transformers.Qwen3MoeConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                                             num_experts_per_tok=2, moe_intermediate_size=16, router_aux_loss_coef=0.5,
+                                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                             pad_token_id=tok.pad_token_id)
+        torch.manual_seed(seed)
+        transformers.Qwen3MoeForCausalLM(config).save_pretrained(d)
+        out.append(str(d))
+    return out
+
+
 def ours(policy, reference, loss_type, max_length=48):
     """(mean loss, {figure: mean}) of our objective over PAIRS, the reference computed once from `reference`."""
     import jax
@@ -41,6 +64,7 @@ def ours(policy, reference, loss_type, max_length=48):
     from flaxlm.objectives.dpo import dpo_objective, reference_logps
     from flaxlm.tokenization.loading import load_tokenizer
     from flaxlm.training.mesh import make_mesh
+    from flaxlm.training.pipeline import trl_router_loss
     from flaxlm.training.sharding import state_shardings
     tok = load_tokenizer(policy)
     rows = pair_rows([encode_pair(tok, None, pair(p, "pair")) for p in PAIRS], max_length, tok.eos_token_id)
@@ -49,6 +73,7 @@ def ours(policy, reference, loss_type, max_length=48):
         reference, shardings=lambda abstract: state_shardings(abstract, mesh, "data"))[1])
     rows.update(reference_logps(ref_graphdef, ref_params, rows, 8, mesh, tok.eos_token_id))
     config, model = load_pretrained(policy)
+    config = trl_router_loss(SimpleNamespace(output_router_logits=None), config)
     graphdef, params = split_model(model)
     objective = dpo_objective(graphdef, config, params, max_length, tok.eos_token_id, loss_type, beta=0.1)
     sums = jax.jit(objective.loss_sums)(params, objective.collate(rows), None)
@@ -57,13 +82,15 @@ def ours(policy, reference, loss_type, max_length=48):
                                          if k not in ("loss_sum", "weight_sum")}, rows
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge"])
-def test_loss_and_rewards_are_trls(checkpoints, loss_type, tmp_path):
+@pytest.mark.parametrize("loss_type, family", [("sigmoid", "gpt2"), ("ipo", "gpt2"), ("hinge", "gpt2"),
+                                               ("sigmoid", "qwen3_moe")])
+def test_loss_and_rewards_are_trls(request, loss_type, family, tmp_path):
+    """A mixture of experts: TRL's load-balancing loss (aux_loss, logged) added to the policy's."""
     import torch
     import transformers
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
-    policy, reference = checkpoints
+    policy, reference = request.getfixturevalue("checkpoints" if family == "gpt2" else "moe_checkpoints")
     tok = transformers.AutoTokenizer.from_pretrained(policy)
     trainer = DPOTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(policy),
                          ref_model=transformers.AutoModelForCausalLM.from_pretrained(reference),
@@ -78,7 +105,9 @@ def test_loss_and_rewards_are_trls(checkpoints, loss_type, tmp_path):
     loss, figures, _ = ours(policy, reference, loss_type)
     assert loss == pytest.approx(theirs, rel=1e-4, abs=1e-6)
     for name, value in figures.items():
-        assert value == pytest.approx(logged[name], rel=1e-4, abs=1e-5), name
+        if name in logged or family == "gpt2":
+            assert value == pytest.approx(logged[name], rel=1e-4, abs=1e-5), name
+    assert ("aux_loss" in logged) == (family != "gpt2")
 
 
 def test_the_reference_computed_once_is_a_live_reference_model_and_counts_answer_tokens_only(checkpoints):

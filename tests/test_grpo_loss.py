@@ -3,7 +3,7 @@ rows that end early and one truncated row masked whole; sampling log-probabiliti
 clip on both sides; a reference off them too) scored by a tiny Qwen2 (fp32, dropout off), our loss, its gradients
 and the logged kl, entropy and clip_ratio/* equal GRPOTrainer._compute_loss's for every --loss_type, both
 importance-sampling levels, with and without beta; and with a LoRA adapter and the reference scored live (the
-adapters off), as TRL trains a peft LoRA model."""
+adapters off), as TRL trains a peft LoRA model; and for a tiny Qwen3-MoE, with TRL's load-balancing loss (aux_loss)."""
 import numpy as np
 import pytest
 
@@ -39,7 +39,27 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """A tiny Qwen3-MoE saved by transformers, built as the Qwen2 one, its load-balancing loss weighing 0.5 (so that
+    it shows)."""
+    import torch
+    import transformers
+    config = transformers.Qwen3MoeConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=16, router_aux_loss_coef=0.5, max_position_embeddings=64,
+                                         tie_word_embeddings=False, attention_dropout=0.0)
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("grpo-qwen3-moe")
+    add_noise(transformers.Qwen3MoeForCausalLM(config), 0.1).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
 def rollout(checkpoint):
+    return scored_rollout(checkpoint)
+
+
+def scored_rollout(checkpoint):
     """The batch as numpy arrays: prompts, completions right-padded with 0, their masks, advantages, and the
     sampling policy's and the reference's log-probabilities: the model's own (logits / temperature) moved by
     OLD_SHIFT and noise, and by other noise."""
@@ -197,3 +217,30 @@ def test_a_lora_policy_against_its_base_scored_live_is_trls_peft_model(checkpoin
     assert max(np.abs(g).max() for g in their_grads.values()) > 100 * TOL
     assert_figures_match(figures, logged, BETA)
     assert logged["kl"] > 1e-3  # the adapters moved the policy off its base
+
+
+def test_a_moe_policy_adds_trls_load_balancing_loss(moe_checkpoint, tmp_path):
+    """A Qwen3-MoE policy: TRL adds router_aux_loss_coef times the load-balancing loss of the policy's forward (its
+    attention mask: prompt and completion tokens) and logs it as aux_loss; ours, with the loss on as run_grpo.py
+    turns it on (trl_router_loss), gives the same loss, every gradient (the routers' too) and aux_loss."""
+    from types import SimpleNamespace
+    from flaxlm.models import load_pretrained, split_model, to_hf_state_dict
+    from flaxlm.models.moe import split_experts
+    from flaxlm.training.pipeline import trl_router_loss
+    rollout = scored_rollout(moe_checkpoint)
+    config, model = load_pretrained(moe_checkpoint)
+    config = trl_router_loss(SimpleNamespace(output_router_logits=None), config)
+    graphdef, params = split_model(model)
+    grpo = dict(loss_type="dapo", beta=0.0, importance_sampling_level="token")
+    theirs, their_grads, logged = trl_step(trl_trainer(moe_checkpoint, tmp_path, **grpo), trl_inputs(rollout))
+    loss, grads, figures = our_step(graphdef, config, params, rollout, **grpo)
+    assert loss == pytest.approx(theirs, rel=TOL, abs=TOL)
+    grads = to_hf_state_dict(config, grads)  # the experts per expert, as save_pretrained writes them
+    their_grads = split_experts(their_grads)  # transformers' fused gate_up_proj and down_proj, so too
+    assert sorted(grads) == sorted(their_grads)
+    for name, g in grads.items():
+        np.testing.assert_allclose(g, their_grads[name], rtol=0, atol=TOL, err_msg=name)
+    assert max(np.abs(their_grads[n]).max() for n in their_grads if n.endswith("mlp.gate.weight")) > 100 * TOL
+    assert figures["aux_loss"] == pytest.approx(logged["aux_loss"], rel=TOL, abs=TOL)
+    assert 0.5 * logged["aux_loss"] > 1e-2  # the term weighs in the loss compared
+    assert_figures_match({k: v for k, v in figures.items() if k in METRICS}, logged, 0.0)

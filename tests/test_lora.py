@@ -29,9 +29,10 @@ def exported(model_dir_for, tmp_path_factory):
     return export
 
 
-def with_random_adapter(base, rank=4, alpha=8.0, targets=None, tokens=(), grow=0):
-    """(config, model, lora, modules): the base with adapters whose A and B are both random (B is zero at the start
-    of training, which would test nothing); with tokens (ids), their rows trainable and moved at random, after the
+def with_random_adapter(base, rank=4, alpha=8.0, targets=None, tokens=(), grow=0, parameters=()):
+    """(config, model, lora, modules): the base with adapters (on its expert parameters too: PEFT's
+    target_parameters) whose A and B are both random (B is zero at the start of training, which would test nothing);
+    with tokens (ids), their rows trainable and moved at random, after the
     vocabulary grew by `grow` rows (as a chat template's markers grow it)."""
     import jax
     from flax import nnx
@@ -40,7 +41,8 @@ def with_random_adapter(base, rank=4, alpha=8.0, targets=None, tokens=(), grow=0
     config, model = load_pretrained(str(base))
     if grow:
         grow_vocabulary(model, config, config.vocab_size + grow)
-    lora = LoraConfig(rank=rank, alpha=alpha, targets=targets, trainable_tokens=tuple(tokens))
+    lora = LoraConfig(rank=rank, alpha=alpha, targets=targets, trainable_tokens=tuple(tokens),
+                      parameters=tuple(parameters))
     modules = add_lora(model, config, lora, seed=1)
     key = jax.random.PRNGKey(7)
     layers = [n for _, n in nnx.iter_graph(model) if getattr(n, "lora_b", None) is not None]

@@ -77,10 +77,21 @@ GEMMA3 = dict(GEMMA, num_hidden_layers=3, sliding_window=4, query_pre_attn_scala
                                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0}})
 # sliding windows of 4: shorter than the batch's rows of 20 and the greedy prompts of 7
 MISTRAL = dict(LLAMA, num_key_value_heads=2, sliding_window=4)
+# Mistral's with every layer's MLP 4 experts of width 16 (intermediate_size), 2 per token, always renormalized
+# (Mixtral-8x7B: 8 of 14336, 2 per token)
+MIXTRAL = dict(MISTRAL, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2)
 QWEN2 = dict(LLAMA, num_key_value_heads=2)
 QWEN3 = dict(LLAMA, num_key_value_heads=2, head_dim=8)
 # 4 experts of width 16, 2 per token (Qwen3-30B-A3B: 128 of 768, 8 per token, renormalized)
 QWEN3_MOE = dict(QWEN3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
+# 4 routed experts of width 16, 2 per token, not renormalized, and a shared expert of width 24 (Qwen1.5-MoE-A2.7B: 60
+# of 1408, 4 per token, a shared one of 5632)
+QWEN2_MOE = dict(QWEN2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                 shared_expert_intermediate_size=24)
+# every layer 4 experts of width 16 (intermediate_size), 2 per token, not renormalized (OLMoE-1B-7B: 64 of 1024,
+# 8 per token); its q/k RMSNorms span all the heads
+OLMOE = dict(LLAMA, intermediate_size=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
+             bos_token_id=1, eos_token_id=2)
 
 CASES = [
     *family(transformers.BertForMaskedLM, "encoder", BERT, {
@@ -118,11 +129,23 @@ CASES = [
     *family(transformers.MistralForCausalLM, "causal", MISTRAL, {
         "window4-untied": {},
         "no-window-tied": dict(sliding_window=None, tie_word_embeddings=True, num_key_value_heads=4)}),
+    *family(transformers.MixtralForCausalLM, "causal", MIXTRAL, {
+        "window4-untied": {},
+        # no window (as released), 6 experts, 3 per token, head_dim 12 (not hidden_size / heads), a tied head
+        "no-window-top3-head_dim12-tied": dict(sliding_window=None, num_local_experts=6, num_experts_per_tok=3,
+                                               head_dim=12, tie_word_embeddings=True)}),
     *family(transformers.Qwen2ForCausalLM, "causal", QWEN2, {
         "tied": dict(tie_word_embeddings=True),  # Qwen2.5-0.5B / 1.5B
         "untied": {},  # Qwen2.5-7B
         # transformers' layer_types from use_sliding_window: layer 0 full, layer 1 a window of 4
         "window4-layer1": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)}),
+    *family(transformers.Qwen2MoeForCausalLM, "causal", QWEN2_MOE, {
+        "experts4-top2-untied": {},
+        # layer 0 a dense MLP (mlp_only_layers); transformers' layer_types from use_sliding_window: the even layers
+        # below max_window_layers (0 and 2) a window of 4; no q/k/v biases; 6 experts, 3 per token, renormalized
+        "dense0-window4-nobias-top3-normalized-tied": dict(
+            num_hidden_layers=3, mlp_only_layers=[0], use_sliding_window=True, sliding_window=4, max_window_layers=3,
+            qkv_bias=False, num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=True)}),
     *family(transformers.Qwen3ForCausalLM, "causal", QWEN3, {
         "head_dim12-untied": dict(head_dim=12),  # head_dim != hidden_size / heads, as Qwen3-0.6B's
         "tied-bias-window4-layer1": dict(tie_word_embeddings=True, attention_bias=True, use_sliding_window=True,
@@ -132,6 +155,12 @@ CASES = [
         # layer 0 a dense MLP (mlp_only_layers), 6 experts, 3 per token, the probabilities not renormalized
         "dense-layer0-top3-unnormalized-tied": dict(mlp_only_layers=[0], num_experts=6, num_experts_per_tok=3,
                                                     norm_topk_prob=False, tie_word_embeddings=True)}),
+    *family(transformers.OlmoeForCausalLM, "causal", OLMOE, {
+        "experts4-top2-untied": {},  # allenai/OLMoE-1B-7B-0924's settings, smaller
+        # clip_qkv 0.5 clips a share of q, k (RMS 1 after their norms) and v; grouped keys (k_norm 2 heads wide);
+        # 6 experts, 3 per token, renormalized
+        "clip-gqa-top3-normalized-tied": dict(clip_qkv=0.5, num_key_value_heads=2, num_experts=6,
+                                              num_experts_per_tok=3, norm_topk_prob=True, tie_word_embeddings=True)}),
     # the generator and the discriminator, with embeddings narrower / wider than the layers (projected)
     *family(transformers.ElectraForMaskedLM, "encoder", BERT, {"generator-projected": dict(embedding_size=16)},
             **BERT_SETTINGS),
@@ -195,7 +224,9 @@ CAUSAL = [c for c in CASES if c.inputs == "causal"]
 # greedy generation runs the same loop for every case of a family (the KV cache is checked on each): one case each
 # (Gemma's untied cases: a tied tiny Gemma, its embeddings scaled by sqrt(width), repeats its last token)
 GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-untied"], CASE["mistral-window4-untied"],
+          CASE["mixtral-window4-untied"],
           CASE["qwen2-window4-layer1"], CASE["qwen3-head_dim12-untied"], CASE["qwen3_moe-experts4-top2-untied"],
+          CASE["olmoe-experts4-top2-untied"], CASE["qwen2_moe-dense0-window4-nobias-top3-normalized-tied"],
           CASE["gpt_neo-global-local"],
           CASE["gptj-partial-rotary"], CASE["bloom-6-heads-residual-post-ln-untied"],
           CASE["gemma-mha-head_dim16-untied-bias"], CASE["gemma2-softcap-window4-untied"],

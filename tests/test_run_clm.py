@@ -76,7 +76,8 @@ def test_pretrain_export_loads_in_transformers_with_our_loss(model_dir, corpus, 
 
 
 @pytest.mark.parametrize("preset", ["mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gemma-tiny", "gemma2-tiny",
-                                    "gemma3-tiny", "gpt_neo-tiny", "gptj-tiny", "bloom-tiny", "qwen3-moe-tiny"])
+                                    "gemma3-tiny", "gpt_neo-tiny", "gptj-tiny", "bloom-tiny", "qwen3-moe-tiny",
+                                    "mixtral-tiny", "qwen2-moe-tiny", "olmoe-tiny"])
 def test_each_family_pretrains_from_its_tiny_preset(preset, model_dir_for, corpus, tmp_path):
     """create_config.py's tiny preset of each newer family, sized to our tokenizer: run_clm_flax.py trains it from
     scratch (the loss falls), exports, and transformers' class of the family computes our loss on the export."""
@@ -119,12 +120,23 @@ FINE_TUNE = {
     # a window of 8, shorter than the rows of 32 and the check's 24 tokens
     "mistral": (transformers.MistralForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
                                                       sliding_window=8)),
+    # Mistral's with 4 experts of width 16, 2 per token; the checkpoint in the hub's layout (block_sparse_moe, w1-w3)
+    "mixtral": (transformers.MixtralForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=16,
+                                                      sliding_window=8, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2": (transformers.Qwen2ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
                                                   tie_word_embeddings=True)),
     "qwen3": (transformers.Qwen3ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48, head_dim=12)),
     # 4 experts of width 16, 2 per token; the checkpoint holds them per expert, as the hub's
     "qwen3_moe": (transformers.Qwen3MoeForCausalLM, dict(TINY, num_key_value_heads=2, head_dim=12, num_experts=4,
                                                          num_experts_per_tok=2, moe_intermediate_size=16)),
+    # 4 routed experts of width 16, 2 per token, and a shared expert of width 24, per expert on disk as the hub's
+    "qwen2_moe": (transformers.Qwen2MoeForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
+                                                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                                         shared_expert_intermediate_size=24)),
+    # 4 experts of width 16 in every layer, 2 per token, q, k and v clipped at 2; per expert on disk as the hub's
+    "olmoe": (transformers.OlmoeForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=16, num_experts=4,
+                                                 num_experts_per_tok=2, clip_qkv=2.0, pad_token_id=1, bos_token_id=0,
+                                                 eos_token_id=2)),
 }
 
 

@@ -4,6 +4,7 @@ examples; a packed row computing each conversation as alone; the export renderin
 import json
 import os
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -250,9 +251,11 @@ def test_a_tokenizer_without_a_template_names_the_option(tiny_gpt2_dir, tmp_path
     assert not os.path.exists(out / "metrics.jsonl")
 
 
-def test_the_loss_is_trls(tiny_gpt2_dir, tmp_path):
+@pytest.mark.parametrize("family", ["gpt2", "qwen3_moe"])
+def test_the_loss_is_trls(tiny_gpt2_dir, tmp_path, family):
     """Prompt/completion examples, as text and as messages: our loss on the trained tokens equals the one TRL's
-    SFTTrainer computes (its own data preparation and compute_loss) on the same tiny checkpoint (fp32)."""
+    SFTTrainer computes (its own data preparation and compute_loss) on the same tiny checkpoint (fp32); for a
+    mixture of experts with TRL's load-balancing loss added (a weight of 0.5, so that it shows)."""
     import jax
     import torch
     import transformers
@@ -262,21 +265,30 @@ def test_the_loss_is_trls(tiny_gpt2_dir, tmp_path):
     from flaxlm.models import load_pretrained, split_model
     from flaxlm.objectives.sft import sft_objective
     from flaxlm.tokenization.loading import load_tokenizer
+    from flaxlm.training.pipeline import trl_router_loss
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_gpt2_dir, ckpt)
     tok = load_tokenizer(str(ckpt))
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = CHATML
     tok.save_pretrained(ckpt)
-    config = transformers.AutoConfig.from_pretrained(ckpt, vocab_size=len(tok), resid_pdrop=0.0, embd_pdrop=0.0,
-                                                     attn_pdrop=0.0)
+    if family == "gpt2":
+        config = transformers.AutoConfig.from_pretrained(ckpt, vocab_size=len(tok), resid_pdrop=0.0, embd_pdrop=0.0,
+                                                         attn_pdrop=0.0)
+    else:
+        config = transformers.Qwen3MoeConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                             router_aux_loss_coef=0.5, bos_token_id=tok.bos_token_id,
+                                             eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
     cases = {"text": [{"prompt": f"Spørsmål {i}: hva er {i}+{i}?", "completion": f" Svar: {2 * i}."}
                       for i in range(6)],
              "messages": [{"prompt": [TURNS[0]], "completion": [TURNS[1]]},
                           {"prompt": [SYSTEM, *TURNS[:3]], "completion": [TURNS[3]]}]}
-    _, model = load_pretrained(str(ckpt))
+    config, model = load_pretrained(str(ckpt))
+    config = trl_router_loss(SimpleNamespace(output_router_logits=None), config)
     graphdef, params = split_model(model)
     for kind, records in cases.items():
         trainer = SFTTrainer(model=transformers.AutoModelForCausalLM.from_pretrained(ckpt), processing_class=tok,
@@ -291,6 +303,8 @@ def test_the_loss_is_trls(tiny_gpt2_dir, tmp_path):
         objective = sft_objective(graphdef, config, params, 128, 0)
         sums = jax.jit(objective.loss_sums)(params, objective.collate(rows), None)
         assert float(sums["loss_sum"]) / float(sums["weight_sum"]) == pytest.approx(theirs, rel=1e-4), kind
+        if family != "gpt2":  # the aux loss is on (TRL's default) and weighs in the comparison
+            assert 0.5 * float(sums["aux_loss_sum"]) / float(sums["weight_sum"]) > 0.5
 
 
 @pytest.mark.parametrize("flags", [[], ["--lora_rank", "4", "--lora_trainable_tokens", "1", "2"]],

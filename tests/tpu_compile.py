@@ -21,11 +21,12 @@ def tokenizer_kind(model_type):
     return "unigram" if model_type in T5_KINDS else "bpe"
 
 
-def compile_for_v5e_8(model_type, model_dir, corpus, attention, length):
-    """The family's pretraining script with --compile_for v5e-8 --sharding fsdp: what check_fit returns."""
+def compile_for_v5e_8(model_type, model_dir, corpus, attention, length, *flags):
+    """The family's pretraining script with --compile_for v5e-8 --sharding fsdp (then `flags`, which may say another
+    --sharding): what check_fit returns."""
     script = FAMILIES[model_type].script
     flag = "--block_size" if script == "run_clm_flax.py" else "--max_seq_length"
     return importlib.import_module(script.removesuffix(".py")).main([
         "--config_name", model_dir, "--tokenizer_name", model_dir, "--train_file", corpus["train"], flag, str(length),
         "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "2", "--dtype", "bfloat16",
-        "--attention_implementation", attention, "--sharding", "fsdp", "--compile_for", "v5e-8"])
+        "--attention_implementation", attention, "--sharding", "fsdp", "--compile_for", "v5e-8", *flags])

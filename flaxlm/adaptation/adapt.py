@@ -8,7 +8,7 @@ from flaxlm.adaptation.rows import check_rows, rebuild
 from flaxlm.models.vocabulary_tensors import vocabulary_axes
 from flaxlm.adaptation.vocabulary import build_rules, check_roles, coverage
 from flaxlm.errors import UserError
-from flaxlm.files import check_writable_dir
+from flaxlm.files import check_new_dir
 from flaxlm.models import create_model, family_of, load_config, load_pretrained, save_pretrained, split_model
 from flaxlm.models.presets import special_ids
 from flaxlm.tokenization.loading import load_tokenizer
@@ -26,9 +26,7 @@ def needed_roles(config):
 
 def check_inputs(args):
     """Every check that needs no model weights, before anything is loaded or written."""
-    check_writable_dir(args.output_dir)
-    if os.path.exists(args.output_dir) and (not os.path.isdir(args.output_dir) or os.listdir(args.output_dir)):
-        raise UserError(f"--output_dir {args.output_dir} already exists and is not empty; pass a new directory")
+    check_new_dir(args.output_dir)
     if args.method == "focus" and not args.focus_train_file:
         raise UserError("--method focus needs --focus_train_file (text in the new language)")
     if args.focus_train_file and not os.path.isfile(args.focus_train_file):

@@ -110,6 +110,19 @@ class ModelArgs(ModelLoadingArgs):
                                           "predicted, the loss is the same and the export has vocab_size rows; "
                                           "resume a run's checkpoints with the same value. 1: no padding")
 
+    output_router_logits: bool | None = option(key="task.model.output_router_logits",
+                                               help="a mixture-of-experts model: add router_aux_loss_coef times the "
+                                                    "load-balancing loss to the loss, as transformers' "
+                                                    "output_router_logits (default: config.json's; the released "
+                                                    "models say false)")
+    router_aux_loss_coef: float | None = option(minimum=0, key="task.model.router_aux_loss_coef",
+                                                help="a mixture-of-experts model: the load-balancing loss's weight "
+                                                     "(default: config.json's)")
+    router_z_loss_coef: float | None = option(minimum=0, key="task.model.router_z_loss_coef",
+                                              help="a mixture-of-experts model: the weight of ST-MoE's router z-loss "
+                                                   "(the mean squared logsumexp of the router logits; default: "
+                                                   "config.json's, else 0; 1e-3 in ST-MoE)")
+
 
 @dataclass
 class TextSourceArgs:
@@ -371,9 +384,16 @@ class TrainingArgs(MultiHostArgs):
                                         help="where compiled steps are kept so that a rerun or a resumed run does not "
                                              "compile again ('auto': ~/.cache/flaxlm/jax or "
                                              "$XDG_CACHE_HOME/flaxlm/jax; 'none': off)")
-    sharding: str = option("data", choices=("data", "fsdp"), key="runtime.sharding",
+    sharding: str = option("data", choices=("data", "fsdp", "expert"), key="runtime.sharding",
                            help="data: every device holds the whole params and optimizer state; fsdp: their large "
-                                "arrays are split over the devices (models too big to replicate)")
+                                "arrays are split over the devices (models too big to replicate); expert: a mixture "
+                                "of experts' experts split over an 'expert' axis of --expert_parallel_size devices "
+                                "(each device holds and runs its share of the experts), everything else as fsdp")
+    expert_parallel_size: int | None = option(minimum=1, key="runtime.expert_parallel_size",
+                                              help="with --sharding expert: devices per expert group, the 'expert' "
+                                                   "axis; each holds num_experts / N experts and the group's token "
+                                                   "copies (default: the largest number up to 8 dividing both the "
+                                                   "device count and num_experts)")
     compile_for: str | None = option(key="runtime.compile_for",
                                      help="check this run for a TPU slice (v4-8, v5e-8 or v5litepod-8, v5p-8, v6e-16, "
                                           "...) on any machine: compile its train and eval steps for every device of "
@@ -710,6 +730,11 @@ class LoraArgs:
                                                    help="the layers that get adapters: module names (q_proj v_proj, "
                                                         "c_attn, ...) or one regular expression of whole module names "
                                                         "(default: every linear layer of attention and MLP)")
+    lora_target_parameters: list[str] | None = option(key="task.lora.target_parameters",
+                                                      help="the expert parameters of a mixture of experts that get "
+                                                           "adapters, per expert (PEFT's target_parameters: "
+                                                           "mlp.experts.gate_up_proj mlp.experts.down_proj; default: "
+                                                           "none)")
     merge_lora: bool = option(False, key="task.lora.merge_lora",
                               help="export the base with the adapters multiplied in (a full model in the family's "
                                    "format) instead of the PEFT adapter")
@@ -790,6 +815,23 @@ class AdaptArgs:
     focus_train_file: str | None = option(help="text in the new language (one text per line): FOCUS's auxiliary "
                                                "embeddings; with --extend_vocabulary, ranks the new tokens")
     seed: int = option(0, minimum=0, help="seed of the random rows and of FOCUS's auxiliary embeddings")
+    language: list[str] | None = option(help="the model's languages for its model card (README.md): --language no")
+    license: str | None = option(help="the model's license for its model card (a hub license id)")
+
+
+@dataclass
+class UpcycleArgs:
+    """upcycle_moe.py's options."""
+    required_options: ClassVar[tuple] = ("model_name_or_path", "output_dir", "num_experts", "num_experts_per_tok")
+    model_name_or_path: str | None = option(help="dense model directory (or hub name) to upcycle: config.json, "
+                                                 "weights, its tokenizer (qwen3)")
+    output_dir: str | None = option(help="new, empty directory for the mixture-of-experts model and the tokenizer")
+    num_experts: int | None = option(minimum=1, help="experts per layer, each a copy of the dense layer's MLP")
+    num_experts_per_tok: int | None = option(minimum=1, help="experts each token is routed to (at most "
+                                                             "--num_experts)")
+    router_init_std: float | None = option(minimum=0.0, help="standard deviation of the new routers' normal "
+                                                             "weights (default: config.json's initializer_range)")
+    seed: int = option(0, minimum=0, help="seed of the routers' weights")
     language: list[str] | None = option(help="the model's languages for its model card (README.md): --language no")
     license: str | None = option(help="the model's license for its model card (a hub license id)")
 

@@ -79,6 +79,34 @@ def checkpoint_policy(name):
     return jax.checkpoint_policies.nothing_saveable if name == "full" else getattr(jax.checkpoint_policies, name)
 
 
+class Carried:
+    """Values the layers add to as they run (value: a pytree of arrays, e.g. an MoE's router statistics), opened
+    with carrying() around a forward pass. A layer reads and replaces carried().value; run_layers threads value
+    through its scan carry and its jax.checkpoint boundaries, so what a layer computes under --scan_layers or a
+    remat policy leaves it as a value of the outer trace (a Python list would hold leaked inner tracers)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+_CARRIED = contextvars.ContextVar("carried", default=None)
+
+
+def carried():
+    """The Carried of the innermost carrying() block, or None outside one."""
+    return _CARRIED.get()
+
+
+@contextlib.contextmanager
+def carrying(box):
+    """box (a Carried) is carried() inside the block; read box.value after it."""
+    token = _CARRIED.set(box)
+    try:
+        yield box
+    finally:
+        _CARRIED.reset(token)
+
+
 def run_layers(layers, x, call, execution=None, per_layer=None):
     """x through `layers` in order: x = call(i, layer, x, per_layer[i]) for i = 0, 1, ... (per_layer: one pytree
     of arrays per layer, e.g. T5's cross-attention keys and values, or None).
@@ -87,8 +115,21 @@ def run_layers(layers, x, call, execution=None, per_layer=None):
     layers' parameters and per_layer inputs are stacked along a new leading axis: the layers must repeat (same
     graphdef as the layer a period before: identical layers, or Gemma 2's local/global pairs), each step of the
     scan runs one period of them, and layers past the last whole period run after it. With a remat policy each
-    layer's call goes through jax.checkpoint."""
+    layer's call goes through jax.checkpoint. Inside a carrying() block, carried().value travels with x."""
     execution = execution or Execution()
+    box = carried()
+    if box is None or (not execution.scan and execution.remat == "none"):
+        return _run_layers(layers, x, call, execution, per_layer)
+
+    def call_carrying(i, layer, x_and_value, extra):
+        x, box.value = x_and_value  # the carried values as this (possibly inner) trace sees them
+        x = call(i, layer, x, extra)
+        return x, box.value
+    x, box.value = _run_layers(layers, (x, box.value), call_carrying, execution, per_layer)
+    return x
+
+
+def _run_layers(layers, x, call, execution, per_layer):
     per_layer = [None] * len(layers) if per_layer is None else list(per_layer)
     if not layers or (not execution.scan and execution.remat == "none"):
         for i, (layer, extra) in enumerate(zip(layers, per_layer)):

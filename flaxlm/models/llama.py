@@ -100,10 +100,13 @@ def fused_dense(x_MD, *linears):
 
 class Attention(nnx.Module):
     """Grouped-query attention with RoPE. The options of the families built on Llama's layers: qkv_bias / o_bias
-    (default config.attention_bias; Qwen2: q/k/v only), qk_norm (Qwen3: an RMSNorm over each query and key head
-    before RoPE), window (Mistral's sliding window: a query sees the `window` keys up to its own; None: all)."""
+    (default config.attention_bias; Qwen2: q/k/v only), qk_norm (True, Qwen3: an RMSNorm over each query and key
+    head before RoPE; "whole", OLMoE: one over all the query features [N * H], one over all the key features
+    [K * H]), clip_qkv (OLMoE: q, k and v clipped to [-clip_qkv, clip_qkv] after the whole norms; None: not),
+    window (Mistral's sliding window: a query sees the `window` keys up to its own; None: all)."""
 
-    def __init__(self, config, dtype, rngs, execution, *, qkv_bias=None, o_bias=None, qk_norm=False, window=None):
+    def __init__(self, config, dtype, rngs, execution, *, qkv_bias=None, o_bias=None, qk_norm=False, clip_qkv=None,
+                 window=None):
         (N, K, H), D = heads(config), config.hidden_size
         bias, std = getattr(config, "attention_bias", False), config.initializer_range
         qkv_bias, o_bias = bias if qkv_bias is None else qkv_bias, bias if o_bias is None else o_bias
@@ -111,10 +114,12 @@ class Attention(nnx.Module):
         self.k_proj = dense(D, K * H, dtype, std, rngs, use_bias=qkv_bias)
         self.v_proj = dense(D, K * H, dtype, std, rngs, use_bias=qkv_bias)
         self.o_proj = dense(N * H, D, dtype, std, rngs, use_bias=o_bias)
+        whole = qk_norm == "whole"
         if qk_norm:
-            self.q_norm = RMSNorm(H, config.rms_norm_eps)
-            self.k_norm = RMSNorm(H, config.rms_norm_eps)
-        self.qk_norm, self.window = qk_norm, window
+            self.q_norm = RMSNorm(N * H if whole else H, config.rms_norm_eps)
+            self.k_norm = RMSNorm(K * H if whole else H, config.rms_norm_eps)
+        self.head_norm, self.whole_norm = bool(qk_norm) and not whole, whole
+        self.clip_qkv, self.window = clip_qkv, window
         self.num_heads, self.kv_heads, self.head_dim = N, K, H
         self.dropout_rate = config.attention_dropout
         self.implementation = execution.attention_implementation
@@ -122,8 +127,12 @@ class Attention(nnx.Module):
     def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
         (B, T, D), N, K, H = x_BTD.shape, self.num_heads, self.kv_heads, self.head_dim
         q_MX, k_MX, v_MX = fused_dense(x_BTD.reshape(B * T, D), self.q_proj, self.k_proj, self.v_proj)
+        if self.whole_norm:
+            q_MX, k_MX = self.q_norm(q_MX), self.k_norm(k_MX)
+        if self.clip_qkv is not None:
+            q_MX, k_MX, v_MX = (jnp.clip(y, -self.clip_qkv, self.clip_qkv) for y in (q_MX, k_MX, v_MX))
         q_BTNH, k_BTKH = q_MX.reshape(B, T, N, H), k_MX.reshape(B, T, K, H)
-        if self.qk_norm:
+        if self.head_norm:
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         q_BTNH, k_BTKH = rope(q_BTNH, positions_BT, inv_freq), rope(k_BTKH, positions_BT, inv_freq)
         v_BTKH = v_MX.reshape(B, T, K, H)
@@ -136,10 +145,12 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(act(gate(x)) * up(x))."""
+    """SwiGLU: down(act(gate(x)) * up(x)), of width `width` (default config.intermediate_size; Qwen2-MoE's shared
+    expert: config.shared_expert_intermediate_size)."""
 
-    def __init__(self, config, dtype, rngs, bias=None):
-        D, F, std = config.hidden_size, config.intermediate_size, config.initializer_range
+    def __init__(self, config, dtype, rngs, bias=None, width=None):
+        D, std = config.hidden_size, config.initializer_range
+        F = config.intermediate_size if width is None else width
         bias = getattr(config, "mlp_bias", False) if bias is None else bias
         self.gate_proj = dense(D, F, dtype, std, rngs, use_bias=bias)
         self.up_proj = dense(D, F, dtype, std, rngs, use_bias=bias)

@@ -10,9 +10,12 @@ Each targeted layer (a flaxlm.models.layers.Dense) gets lora_a [in, r] (uniform 
 init) and lora_b [r, out] (zeros: training starts from the base) and adds alpha / r * dropout(x) A B to its output,
 as PEFT's LoRA Linear does. The targets are the module names PEFT takes (q_proj, c_attn, ...: the last part of the
 Hugging Face module name, or a regular expression matched against the whole name); by default every linear layer
-inside the decoder's layers. qwix's LoraProvider is not used: it adds an adapter where a Param of the calling
-module is the right-hand side of a dot_general, and the Llama-style families multiply one concatenation of their q,
-k and v (and gate, up) kernels, which is no Param (flaxlm.models.llama.fused_dense).
+inside the decoder's layers. A mixture of experts (flaxlm.models.moe.SparseMoE) holds its experts in 3-D parameters,
+no Dense: LoraConfig.parameters (PEFT's target_parameters: mlp.experts.gate_up_proj, ...; none by default, as PEFT)
+puts an ExpertLora on them (flaxlm.models.expert_lora: A_e and B_e per expert, W_e + alpha / r * B_e A_e, as PEFT's
+ParamWrapper). qwix's LoraProvider is not used: it adds an adapter where a Param of the calling module is the
+right-hand side of a dot_general, and the Llama-style families multiply one concatenation of their q, k and v (and
+gate, up) kernels, which is no Param (flaxlm.models.llama.fused_dense).
 
 Trainable tokens (LoraConfig.trainable_tokens: token ids; PEFT's trainable_token_indices, TrainableTokensLayer): the
 rows of those tokens in the token embeddings and in an untied LM head train beside the adapters while the tables
@@ -37,7 +40,7 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models.convert import get_path
-from flaxlm.models.layers import Dense
+from flaxlm.models import expert_lora
 from flaxlm.models.registry import family_of
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -54,6 +57,7 @@ class LoraConfig:
     dropout: float = 0.0
     targets: tuple | str | None = None  # module names, or one regular expression; None: every layer's linear
     trainable_tokens: tuple = ()  # token ids whose embedding (and untied head) rows train too, sorted
+    parameters: tuple = ()  # expert parameters (PEFT's target_parameters: mlp.experts.gate_up_proj, ...); () none
 
     @property
     def scale(self):
@@ -65,6 +69,23 @@ class Module:
     hf: str  # the Hugging Face module name (model.layers.0.self_attn.q_proj)
     path: tuple  # our parameter path of the Dense (layers, 0, attn, q_proj)
     conv1d: bool  # a GPT-2 style Conv1D (weight [in, out]): PEFT's fan_in_fan_out
+    parameter: str | None = None  # an expert parameter of the module at path (gate_up_proj); None: a Dense's kernel
+    wrapped: int = 0  # how many of PEFT's ParamWrappers wrap this parameter's on the same module (their base_layer)
+
+    @property
+    def leaf(self):
+        """The adapted parameter's name in our params: the Dense's kernel, or the expert parameter."""
+        return self.parameter or "kernel"
+
+    @property
+    def key(self):
+        """PEFT's name of the adapter, the part before .lora_A.weight (model.layers.0.mlp.experts.base_layer)."""
+        return f"base_model.model.{self.hf}" + ".base_layer" * self.wrapped
+
+    @property
+    def label(self):
+        """The adapted layer's short name: q_proj, or experts.gate_up_proj."""
+        return self.hf.rsplit(".", 1)[-1] + (f".{self.parameter}" if self.parameter else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,14 +134,59 @@ def target_modules(config, targets=None):
     return [m for m in modules if m.hf.rsplit(".", 1)[-1] in targets]
 
 
+def expert_parameters(config):
+    """Every expert parameter of the decoder's layers (a SparseMoE's gate_up_proj and down_proj): [Module] with hf
+    the experts' module name (model.layers.0.mlp.experts), in the family's tensor order; [] for a dense model."""
+    out = []
+    for hf, path, _ in family_of(config).tensor_names(config):
+        if path[-1] in expert_lora.EXPERT_PARAMETERS and hf.endswith(f".{path[-1]}") and re.search(r"\.\d+\.", hf):
+            out.append(Module(hf.rsplit(".", 1)[0], tuple(path[:-1]), False, parameter=path[-1]))
+    return out
+
+
+def target_parameters(config, targets):
+    """The expert parameters the targets name, as PEFT matches its target_parameters: a parameter's whole name
+    (model.layers.0.mlp.experts.gate_up_proj) equal to a target or ending in "." + target. Each knows how many
+    targeted parameters of its module PEFT wraps around its own (Module.wrapped). UserError naming the model's
+    expert parameters when a target matches none."""
+    if not targets:
+        return []
+    every = expert_parameters(config)
+    names = sorted({re.split(r"\.\d+\.", f"{m.hf}.{m.parameter}", maxsplit=1)[-1] for m in every})
+    for t in targets:
+        if not every:
+            raise UserError(f"--lora_target_parameters {t}: this {config.model_type} model has no expert parameters; "
+                            f"adapt its linear layers with --lora_target_modules")
+        if not any(_peft_matches(m, t) for m in every):
+            raise UserError(f"--lora_target_parameters {t} is no expert parameter of this {config.model_type} model; "
+                            f"use some of {', '.join(names)}")
+    chosen = [m for m in every if any(_peft_matches(m, t) for t in targets)]
+    order = expert_lora.EXPERT_PARAMETERS.index
+    return [dataclasses.replace(m, wrapped=sum(o.hf == m.hf and order(o.parameter) > order(m.parameter)
+                                               for o in chosen)) for m in chosen]
+
+
+def _peft_matches(m, target):
+    """Whether PEFT's target_parameters entry `target` names expert parameter m (peft's _inject_parameters)."""
+    name = f"{m.hf}.{m.parameter}"
+    return name == target or name.endswith(f".{target}")
+
+
 def add_lora(model, config, lora, seed=0):
-    """Adapters on the targeted layers of model (in place); returns the [Module] they sit on."""
-    modules = target_modules(config, lora.targets)
-    dense = {tuple(str(k) for k in path): node for path, node in nnx.iter_graph(model) if isinstance(node, Dense)}
+    """Adapters on the targeted layers and expert parameters of model (in place); returns the [Module] they sit
+    on. UserError for dropout on expert parameters (PEFT's ParamWrapper has none)."""
+    if lora.parameters and lora.dropout:
+        raise UserError(f"--lora_dropout {lora.dropout:g} cannot apply to expert parameters (PEFT's LoRA on them has "
+                        f"no dropout); drop --lora_dropout or --lora_target_parameters")
+    modules = target_modules(config, lora.targets) + target_parameters(config, lora.parameters)
+    nodes = {tuple(str(k) for k in path): node for path, node in nnx.iter_graph(model)}
     key = jax.random.PRNGKey(seed)
     sites = {}
-    for m in modules:
-        lin = dense[m.path]
+    for i, m in enumerate(modules):
+        if m.parameter:
+            _add_expert_lora(nodes[m.path], m.parameter, lora, jax.random.fold_in(key, 1_000_000 + i))
+            continue
+        lin = nodes[m.path]
         d_in, d_out = lin.kernel.shape
         bound = 1.0 / np.sqrt(d_in)
         a = jax.random.uniform(jax.random.fold_in(key, len(sites)), (d_in, lora.rank), jnp.float32, -bound, bound)
@@ -130,6 +196,16 @@ def add_lora(model, config, lora, seed=0):
     if lora.trainable_tokens:
         add_token_rows(model, config, lora.trainable_tokens)
     return modules
+
+
+def _add_expert_lora(moe, parameter, lora, key):
+    """An ExpertLora on moe's expert parameter W [E, out, in]: A [E, r, in] uniform +-1/sqrt(in) (PEFT's kaiming
+    init of its lora_A), B [E, out, r] zeros."""
+    E, d_out, d_in = getattr(moe, parameter).shape
+    bound = 1.0 / np.sqrt(d_in)
+    a = jax.random.uniform(key, (E, lora.rank, d_in), jnp.float32, -bound, bound)
+    setattr(moe, expert_lora.attribute_of(parameter),
+            expert_lora.ExpertLora(a, jnp.zeros((E, d_out, lora.rank), jnp.float32), lora.scale))
 
 
 def add_token_rows(model, config, ids):
@@ -155,10 +231,11 @@ def is_adapter(path):
 
 
 def base_params(params):
-    """params without the adapters."""
+    """params without the adapters (nor an expert parameter's adapter's node, gate_up_proj_lora)."""
     if not isinstance(params, dict):
         return params
-    return {k: base_params(v) for k, v in params.items() if k not in LORA_LEAVES}
+    kept = {k: base_params(v) for k, v in params.items() if k not in LORA_LEAVES}
+    return {k: v for k, v in kept.items() if not (isinstance(v, dict) and not v and params[k])}
 
 
 def adapters_off(params):
@@ -170,8 +247,12 @@ def adapters_off(params):
 
 
 def lora_delta(params, m, lora):
-    """alpha / r * A B [in, out] (float32, numpy) of module m's adapter."""
+    """alpha / r * A B [in, out] (float32, numpy) of module m's adapter; an expert parameter's: [E, out, in], its
+    layout (expert_lora.delta)."""
     layer = get_path(params, m.path)
+    if m.parameter:
+        held = layer[expert_lora.attribute_of(m.parameter)]
+        return np.asarray(expert_lora.delta(held["lora_a"], held["lora_b"], lora.scale))
     return np.asarray(layer["lora_a"], np.float32) @ np.asarray(layer["lora_b"], np.float32) * lora.scale
 
 
@@ -192,8 +273,8 @@ def merged(params, modules, lora, config=None):
     config) the trained token rows in their tables, in the params' dtype."""
     out = base_params(params)
     for m in modules:
-        kernel = np.asarray(get_path(params, m.path)["kernel"])
-        get_path(out, m.path)["kernel"] = (kernel.astype(np.float32) + lora_delta(params, m, lora)).astype(kernel.dtype)
+        kernel = np.asarray(get_path(params, m.path)[m.leaf])
+        get_path(out, m.path)[m.leaf] = (kernel.astype(np.float32) + lora_delta(params, m, lora)).astype(kernel.dtype)
     for site in trained_sites(params, config) if config is not None else ():
         table = np.array(get_path(out, site.path)[site.leaf])
         rows = token_rows(params, site, lora.trainable_tokens).astype(table.dtype)
@@ -219,16 +300,16 @@ def save_merged(out_dir, config, params, lora, modules, base, dtype=None):
     base_config = hf_io.load_config(base_dir)
     stored = hf_tensors(base_config, hf_io.lazy_checkpoint(base_dir))
     dtype = dtype or checkpoint_dtype(base_config, stored)
-    deltas = {tuple(m.path) + ("kernel",): m for m in modules}
+    deltas = {tuple(m.path) + (m.leaf,): m for m in modules}
     axes = {tuple(p): a for p, a in vocabulary_axes(config).items()}
     sites = {tuple(s.path) + (s.leaf,): s for s in trained_sites(params, config)}
     out = {}
     for hf, path, kind in name_map_of(config).names:
         path = tuple(path)
         x = np.asarray(stored[hf])
-        if path in deltas:  # the file's layout: a Linear's weight [out, in], a Conv1D's [in, out] as our kernel
-            delta = lora_delta(params, deltas[path], lora)
-            x = x.astype(np.float32) + (delta if deltas[path].conv1d else delta.T)
+        if path in deltas:  # the file's layout: a Linear's weight [out, in], a Conv1D's [in, out] as our kernel,
+            delta = lora_delta(params, deltas[path], lora)  # an expert parameter's [E, out, in] as ours
+            x = x.astype(np.float32) + (delta if deltas[path].conv1d or deltas[path].parameter else delta.T)
         if path in axes and config.vocab_size > len(x):  # the rows the run added (the file's layout: vocabulary first)
             added = np.asarray(jnp.take(get_path(params, path), jnp.arange(len(x), config.vocab_size), axis=axes[path]),
                                np.float32)
@@ -237,7 +318,8 @@ def save_merged(out_dir, config, params, lora, modules, base, dtype=None):
             x = x.astype(np.float32)
             x[np.asarray(lora.trainable_tokens)] = token_rows(params, sites[path], lora.trainable_tokens)
         out[hf] = np.ascontiguousarray(x.astype(NUMPY_DTYPES[dtype]))
-    hf_io.write_safetensors(out_dir, out)
+    export = family_of(config).export  # as save_pretrained writes the family (an MoE's experts: per expert)
+    hf_io.write_safetensors(out_dir, out if export is None else export(config, out))
     save_config(out_dir, config, None, dtype)
     return dtype
 
@@ -254,12 +336,18 @@ def checkpoint_dtype(config, tensors):
 
 
 def adapter_tensors(params, modules):
-    """{PEFT tensor name: array}: lora_A.weight [r, in] and lora_B.weight [out, r] of each module."""
+    """{PEFT tensor name: array}: lora_A.weight [r, in] and lora_B.weight [out, r] of each module (an expert
+    parameter's: [E * r, in] and [out, r * E], expert_lora.to_peft)."""
     out = {}
     for m in modules:
         layer = get_path(params, m.path)
-        out[f"base_model.model.{m.hf}.lora_A.weight"] = np.ascontiguousarray(np.asarray(layer["lora_a"], np.float32).T)
-        out[f"base_model.model.{m.hf}.lora_B.weight"] = np.ascontiguousarray(np.asarray(layer["lora_b"], np.float32).T)
+        if m.parameter:
+            held = layer[expert_lora.attribute_of(m.parameter)]
+            out[f"{m.key}.lora_A.weight"], out[f"{m.key}.lora_B.weight"] = expert_lora.to_peft(
+                np.asarray(held["lora_a"], np.float32), np.asarray(held["lora_b"], np.float32))
+            continue
+        out[f"{m.key}.lora_A.weight"] = np.ascontiguousarray(np.asarray(layer["lora_a"], np.float32).T)
+        out[f"{m.key}.lora_B.weight"] = np.ascontiguousarray(np.asarray(layer["lora_b"], np.float32).T)
     return out
 
 
@@ -282,13 +370,14 @@ def save_adapter(out_dir, config, params, lora, modules, base):
     run grew: on the base resized to it, docs/post-training.md)."""
     from safetensors.numpy import save_file
     os.makedirs(out_dir, exist_ok=True)
-    names = lora.targets if isinstance(lora.targets, str) else sorted({m.hf.rsplit(".", 1)[-1] for m in modules})
+    names = lora.targets if isinstance(lora.targets, str) else sorted({m.hf.rsplit(".", 1)[-1] for m in modules
+                                                                        if not m.parameter})
     tokens, indices = token_tensors(params, config, lora)
     adapter = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": lora.rank,
                "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "target_modules": names,
                "fan_in_fan_out": any(m.conv1d for m in modules), "bias": "none", "use_rslora": False,
                "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
-               "trainable_token_indices": indices}
+               "trainable_token_indices": indices, "target_parameters": list(lora.parameters) or None}
     with open(os.path.join(out_dir, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
         json.dump(adapter, f, indent=2)
     save_file({**adapter_tensors(params, modules), **tokens}, os.path.join(out_dir, ADAPTER_WEIGHTS),
@@ -314,7 +403,8 @@ def read_adapter(path):
         indices = next(iter(indices.values()), ())
     return LoraConfig(rank=int(c["r"]), alpha=float(c["lora_alpha"]), dropout=float(c.get("lora_dropout") or 0.0),
                       targets=tuple(c["target_modules"]) if isinstance(c["target_modules"], list)
-                      else c["target_modules"], trainable_tokens=tuple(sorted(int(i) for i in indices))), \
+                      else c["target_modules"], trainable_tokens=tuple(sorted(int(i) for i in indices)),
+                      parameters=tuple(c.get("target_parameters") or ())), \
         load_file(weights)
 
 
@@ -329,12 +419,18 @@ def load_adapter(model, config, path, tokens=()):
         grow_vocabulary(model, config, max(stored) + 1)
     modules = add_lora(model, config, lora)
     _load_token_rows(model, config, lora, stored, tensors)
-    dense = {tuple(str(k) for k in p): node for p, node in nnx.iter_graph(model) if isinstance(node, Dense)}
+    nodes = {tuple(str(k) for k in p): node for p, node in nnx.iter_graph(model)}
     for m in modules:
-        a, b = (tensors.get(f"base_model.model.{m.hf}.lora_{x}.weight") for x in "AB")
+        a, b = (tensors.get(f"{m.key}.lora_{x}.weight") for x in "AB")
         if a is None or b is None:
             raise UserError(f"the adapter in {path} has no weights for {m.hf}; it was trained on another model")
-        lin = dense[m.path]
+        if m.parameter:  # an expert parameter's (expert_lora.from_peft)
+            held = getattr(nodes[m.path], expert_lora.attribute_of(m.parameter))
+            place = _replicated_like(getattr(nodes[m.path], m.parameter)[...])
+            for leaf, x in zip((held.lora_a, held.lora_b), expert_lora.from_peft(a, b, held.lora_a.shape[0])):
+                leaf[...] = jax.device_put(jnp.asarray(x, jnp.float32), place)
+            continue
+        lin = nodes[m.path]
         place = _replicated_like(lin.kernel[...])
         lin.lora_a[...] = jax.device_put(jnp.asarray(a.T, jnp.float32), place)
         lin.lora_b[...] = jax.device_put(jnp.asarray(b.T, jnp.float32), place)

@@ -26,6 +26,8 @@ import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
+from flaxlm.models.expert_lora import adapted
+from flaxlm.models.layer_stack import Carried, carried, carrying
 from flaxlm.models.layers import activation, normal_init
 
 # x_ND contracted with w_EXD over D (w's last axis): transformers' [out, in] expert layout used as it is stored
@@ -46,10 +48,12 @@ def route(logits_ME, k, norm_topk_prob):
 def grouped_swiglu(x_MD, experts_MK, weights_MK, gate_up_EXD, down_EDI, act, dtype):
     """sum_k weights_MK[m, k] * expert_{experts_MK[m, k]}(x_MD[m]), each expert down(act(gate(x)) * up(x)), computed
     sparsely: the M * K copies sorted by expert, two grouped matmuls, the results unsorted and summed per token."""
-    (M, D), (E, X, _), K = x_MD.shape, gate_up_EXD.shape, experts_MK.shape[1]
+    (M, D), E, K = x_MD.shape, gate_up_EXD.shape[0], experts_MK.shape[1]
     expert_N = experts_MK.reshape(M * K)
     order_N = jnp.argsort(expert_N, stable=True)  # copies grouped by expert, in token order within each group
-    rows_E = jnp.bincount(expert_N, length=E).astype(jnp.int32)  # group sizes: how many copies each expert gets
+    # group sizes: how many copies each expert gets; copies of an expert id >= E (another device's: expert_parallel)
+    # sort last and fall in no group, so ragged_dot gives them zeros
+    rows_E = jnp.bincount(expert_N, length=E + 1)[:E].astype(jnp.int32)
     x_ND = jnp.take(x_MD.astype(dtype), order_N // K, axis=0)
     h_NX = jax.lax.ragged_dot_general(x_ND, gate_up_EXD.astype(dtype), rows_E, _CONTRACT_LAST,
                                       preferred_element_type=jnp.float32).astype(dtype)
@@ -73,98 +77,213 @@ def dense_swiglu(x_MD, experts_MK, weights_MK, gate_up_EXD, down_EDI, act, dtype
     return (y_MED * weight_ME.astype(dtype)[..., None]).sum(1)
 
 
-class SparseMoE(nnx.Module):
-    """The routed experts of one layer: config.num_experts experts of width config.moe_intermediate_size, the
-    config.num_experts_per_tok best of them per token, config.norm_topk_prob, config.hidden_act."""
+def check_experts(config):
+    """UserError unless config.num_experts_per_tok is between 1 and config.num_experts."""
+    E, k = config.num_experts, config.num_experts_per_tok
+    if E > 0 and not 1 <= k <= E:
+        raise UserError(f"num_experts_per_tok {k} must be between 1 and num_experts {E}; fix config.json")
 
-    def __init__(self, config, dtype, rngs, execution=None):
-        D, I, E = config.hidden_size, config.moe_intermediate_size, config.num_experts
+
+class SparseMoE(nnx.Module):
+    """The routed experts of one layer: config.num_experts experts of width `width` (default
+    config.moe_intermediate_size; Mixtral and OLMoE name it intermediate_size), the config.num_experts_per_tok best
+    of them per token, renormalized when norm_topk_prob (default config.norm_topk_prob; Mixtral always does),
+    config.hidden_act."""
+
+    def __init__(self, config, dtype, rngs, execution=None, *, width=None, norm_topk_prob=None):
+        D, E = config.hidden_size, config.num_experts
+        I = config.moe_intermediate_size if width is None else width
+        norm_topk_prob = config.norm_topk_prob if norm_topk_prob is None else norm_topk_prob
         std = config.initializer_range
         # the router: transformers' mlp.gate.weight [E, D], a plain parameter there (no Linear: no LoRA on it)
         self.gate = nnx.Param(normal_init(std)(rngs.params(), (E, D), jnp.float32))
         self.gate_up_proj = nnx.Param(normal_init(std)(rngs.params(), (E, 2 * I, D), jnp.float32))
         self.down_proj = nnx.Param(normal_init(std)(rngs.params(), (E, D, I), jnp.float32))
-        self.k, self.norm_topk_prob, self.act, self.dtype = (config.num_experts_per_tok, bool(config.norm_topk_prob),
+        self.k, self.norm_topk_prob, self.act, self.dtype = (config.num_experts_per_tok, bool(norm_topk_prob),
                                                              config.hidden_act, dtype)
+        self.num_experts = E
         # router_logits() takes the logits out of the call: only from a plain loop of layers (no inner trace)
-        self.collectable = execution is None or (not execution.scan and execution.remat == "none")
+        self.inspectable = execution is None or (not execution.scan and execution.remat == "none")
 
     def __call__(self, x_MD):
         # in the compute dtype, as transformers' F.linear in the hidden states' dtype; softmax in float32 (route)
         logits_ME = jnp.einsum("md,ed->me", x_MD.astype(self.dtype), self.gate[...].astype(self.dtype))
         weights_MK, experts_MK = route(logits_ME, self.k, self.norm_topk_prob)
-        collected = _ROUTER_LOGITS.get()
-        if collected is not None:
-            if not self.collectable:
-                raise UserError("the load-balancing loss (output_router_logits in config.json) needs the layers "
-                                "run in a plain loop; drop --scan_layers and --remat_policy, or set "
-                                "output_router_logits to false")
-            collected.append(logits_ME.astype(jnp.float32))
-        return grouped_swiglu(x_MD, experts_MK, weights_MK, self.gate_up_proj[...], self.down_proj[...],
-                              activation(self.act), self.dtype)
+        stats = carried()
+        if isinstance(stats, RouterStatistics):
+            stats.add_layer(logits_ME, experts_MK)
+        inspected = _ROUTER_LOGITS.get()
+        if inspected is not None:
+            if not self.inspectable:
+                raise ValueError("router_logits() needs the layers run in a plain loop (no scan, no remat)")
+            inspected.append(logits_ME.astype(jnp.float32))
+        # with a LoRA adapter's update added to the weights (flaxlm.models.expert_lora): still sparse
+        experts = expert_parallel if expert_axis_size() > 1 else grouped_swiglu
+        return experts(x_MD, experts_MK, weights_MK, adapted(self, "gate_up_proj", self.dtype),
+                       adapted(self, "down_proj", self.dtype), activation(self.act), self.dtype)
+
+
+def expert_axis_size():
+    """The size of the context mesh's 'expert' axis (jax.set_mesh: a --sharding expert run's), else 1."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty or "expert" not in mesh.axis_names else mesh.shape["expert"]
+
+
+def expert_parallel(x_MD, experts_MK, weights_MK, gate_up_EXD, down_EDI, act, dtype):
+    """grouped_swiglu with the experts split over the context mesh's 'expert' axis (--sharding expert;
+    flaxlm.training.sharding puts expert e on member e // (E / G) of each group of G devices). Each device gathers
+    its group's tokens (all_gather over 'expert'), runs only its own E / G experts on the copies routed to them (the
+    others fall in no group: no FLOPs, zeros), and the partial sums go back to the devices that hold the tokens
+    (psum_scatter over 'expert'): dropless, each copy computed once, no capacity. The experts' 'data' (fsdp) split
+    is gathered on the way in, as fsdp gathers any weight."""
+    from jax.sharding import PartitionSpec as P
+    mesh = jax.sharding.get_abstract_mesh()
+    rows = tuple(mesh.axis_names)  # the token rows are split over every device, as the batch
+
+    def local(x_mD, experts_mK, weights_mK, gate_up_eXD, down_eDI):
+        e = gate_up_eXD.shape[0]
+        x_gD, experts_gK, weights_gK = (jax.lax.all_gather(a, "expert", tiled=True)
+                                        for a in (x_mD, experts_mK, weights_mK))
+        mine_gK = experts_gK - jax.lax.axis_index("expert") * e  # this device's experts are 0 .. e - 1
+        here_gK = (mine_gK >= 0) & (mine_gK < e)
+        y_gD = grouped_swiglu(x_gD, jnp.where(here_gK, mine_gK, e), jnp.where(here_gK, weights_gK, 0.0),
+                              gate_up_eXD, down_eDI, act, dtype)
+        return jax.lax.psum_scatter(y_gD, "expert", scatter_dimension=0, tiled=True)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(rows), P(rows), P(rows), P("expert"), P("expert")),
+                         out_specs=P(rows), check_vma=False)(x_MD, experts_MK, weights_MK, gate_up_EXD, down_EDI)
 
 
 _ROUTER_LOGITS = contextvars.ContextVar("router_logits", default=None)
 
 
 @contextlib.contextmanager
-def router_logits(enabled=True):
+def router_logits():
     """Collects the router logits of the SparseMoE layers called inside, in call order: a list of float32 [M, E]
-    (transformers' output_router_logits); enabled False: nothing collected (the list stays empty). Why a context
-    and not a return value: the layers' interface (x, kv) is every decoder family's (kv_cache.run_layers). The
-    layers must run in a plain loop (no --scan_layers, no remat): under jax.lax.scan or jax.checkpoint the logits
-    would be values of an inner trace (SparseMoE raises a UserError)."""
+    (transformers' output_router_logits), to inspect them (the losses use routing()'s statistics instead). Why a
+    context and not a return value: the layers' interface (x, kv) is every decoder family's
+    (kv_cache.run_layers). The layers must run in a plain loop (no scan, no remat): under jax.lax.scan or
+    jax.checkpoint the logits would be values of an inner trace (SparseMoE raises a ValueError)."""
     collected = []
-    token = _ROUTER_LOGITS.set(collected if enabled else None)
+    token = _ROUTER_LOGITS.set(collected)
     try:
         yield collected
     finally:
         _ROUTER_LOGITS.reset(token)
 
 
-def load_balancing_loss(router_logits, num_experts, k, mask_M=None):
-    """transformers' load_balancing_loss_func (Switch Transformer's auxiliary loss) over the layers' router logits
-    (a sequence of [M, E], M = B * T rows each): E * sum_e f_e * P_e, where f_e is the share of the k routed copies
-    that go to expert e and P_e the mean router probability of e, both over every layer's rows (mask_M [M]: the
-    rows counted, padding 0). float32 scalar."""
-    counts_E = jnp.zeros((num_experts,), jnp.float32)
-    probs_E = jnp.zeros((num_experts,), jnp.float32)
-    rows = 0.0
-    w_M = None if mask_M is None else mask_M.reshape(-1).astype(jnp.float32)
+class RouterStatistics(Carried):
+    """What the SparseMoE layers of one forward pass add up for the router's losses and metrics (carrying() it
+    around the forward; layer_stack.run_layers threads it through --scan_layers and remat). value: float32 sums
+    over the layers' counted rows (mask_M [M]: the rows counted, padding 0; None: all), counts_E (the routed
+    copies each expert got), probs_E (the router probabilities), rows, z_sum (logsumexp(logits)^2, the z-loss's
+    terms), and over the layers load_max / load_min (the most / least loaded expert's share of a layer's copies)."""
+
+    def __init__(self, num_experts, mask_M=None):
+        zero = jnp.zeros((), jnp.float32)
+        super().__init__(dict(counts_E=jnp.zeros((num_experts,), jnp.float32),
+                              probs_E=jnp.zeros((num_experts,), jnp.float32), rows=zero, z_sum=zero, load_max=zero,
+                              load_min=jnp.ones((), jnp.float32), layers=zero))
+        self.mask_M = None if mask_M is None else mask_M.reshape(-1).astype(jnp.float32)
+
+    def add_layer(self, logits_ME, experts_MK):
+        """One layer's router logits and its choices added to value."""
+        logits_ME = logits_ME.astype(jnp.float32)
+        w_M = jnp.ones(logits_ME.shape[:1], jnp.float32) if self.mask_M is None else self.mask_M
+        hits_E = (jax.nn.one_hot(experts_MK, logits_ME.shape[1], dtype=jnp.float32).sum(1) * w_M[:, None]).sum(0)
+        share_E = hits_E / jnp.maximum(hits_E.sum(), 1.0)
+        v = self.value
+        self.value = dict(counts_E=v["counts_E"] + hits_E,
+                          probs_E=v["probs_E"] + (jax.nn.softmax(logits_ME, -1) * w_M[:, None]).sum(0),
+                          rows=v["rows"] + w_M.sum(),
+                          z_sum=v["z_sum"] + (jax.nn.logsumexp(logits_ME, -1) ** 2 * w_M).sum(),
+                          load_max=jnp.maximum(v["load_max"], share_E.max()),
+                          load_min=jnp.minimum(v["load_min"], share_E.min()), layers=v["layers"] + 1)
+
+
+def statistics(router_logits, k, mask_M=None):
+    """RouterStatistics.value of a list of layers' router logits ([M, E] each, as router_logits() collects them):
+    what the layers would have added up, each routing its top k."""
+    stats = RouterStatistics(router_logits[0].shape[-1], mask_M)
     for logits_ME in router_logits:
-        probs_ME = jax.nn.softmax(logits_ME.astype(jnp.float32), axis=-1)
-        _, experts_MK = jax.lax.top_k(probs_ME, k)
-        hits_ME = jax.nn.one_hot(experts_MK, num_experts, dtype=jnp.float32).sum(1)
-        if w_M is None:
-            counts_E, probs_E, rows = counts_E + hits_ME.sum(0), probs_E + probs_ME.sum(0), rows + probs_ME.shape[0]
-        else:
-            counts_E = counts_E + (hits_ME * w_M[:, None]).sum(0)
-            probs_E, rows = probs_E + (probs_ME * w_M[:, None]).sum(0), rows + w_M.sum()
+        stats.add_layer(logits_ME, jax.lax.top_k(logits_ME, k)[1])
+    return stats.value
+
+
+def load_balancing_loss(stats, num_experts):
+    """transformers' load_balancing_loss_func (Switch Transformer's auxiliary loss) from the layers' statistics
+    (RouterStatistics.value): E * sum_e f_e * P_e, f_e the routed copies of expert e and P_e its router
+    probability, both summed over every layer's counted rows and divided by their number. float32 scalar."""
+    rows = jnp.maximum(stats["rows"], 1.0)
     # transformers divides the expert counts by the rows (not rows * k): with k > 1 the shares sum to k
-    return num_experts * jnp.sum((counts_E / rows) * (probs_E / rows))
+    return num_experts * jnp.sum((stats["counts_E"] / rows) * (stats["probs_E"] / rows))
 
 
-def wants_aux_loss(config):
-    """Whether config's loss adds the load-balancing loss: an MoE config with output_router_logits true (as
-    transformers' *MoeForCausalLM adds it to the loss from labels)."""
-    return bool(getattr(config, "output_router_logits", False)) and getattr(config, "num_experts", 0) > 0
+def z_loss(stats):
+    """ST-MoE's router z-loss (switch_transformers' router_z_loss_func): the mean over every layer's counted rows
+    of logsumexp(router logits)^2, which keeps the logits small. float32 scalar."""
+    return stats["z_sum"] / jnp.maximum(stats["rows"], 1.0)
 
 
-def add_aux_loss(config, sums, logits, mask_BL=None):
-    """An objective's sums (loss_sum over weight_sum target tokens) with router_aux_loss_coef times the
-    load-balancing loss of the collected router logits added to the mean loss (so loss_sum gains coef * aux *
-    weight_sum), and aux_loss_sum (aux * weight_sum: the step's metrics show the aux loss itself); sums unchanged
-    when there are no logits. mask_BL: the tokens counted (transformers' attention_mask; None: all)."""
-    if not logits:
+def has_experts(config):
+    return getattr(config, "num_experts", 0) > 0
+
+
+@contextlib.contextmanager
+def routing(config, mask_BL=None):
+    """Around a forward pass of config's model: a RouterStatistics the SparseMoE layers fill (a Carried whose
+    value stays None for a model without experts). mask_BL: the tokens counted (transformers' attention_mask;
+    None: all)."""
+    box = RouterStatistics(config.num_experts, mask_BL) if has_experts(config) else Carried(None)
+    with carrying(box):
+        yield box
+
+
+def add_router_losses(config, sums, stats):
+    """An objective's sums (loss_sum over weight_sum target tokens) with the router's losses and metrics, for a
+    model with experts (stats: routing()'s value; None: sums unchanged). Added to the mean loss: with
+    config.output_router_logits, config.router_aux_loss_coef times the load-balancing loss (as transformers' *Moe
+    ForCausalLM from labels), and config.router_z_loss_coef (flaxlm's --router_z_loss_coef; absent: 0) times the
+    z-loss; so loss_sum gains (coef * loss) * weight_sum. The metrics, each times weight_sum as the train step
+    divides them: aux_loss, router_z_loss, expert_load_max and expert_load_min (shares of a layer's routed copies;
+    1 / num_experts each when balanced)."""
+    if stats is None:
         return sums
-    aux = load_balancing_loss(logits, config.num_experts, config.num_experts_per_tok, mask_BL)
+    aux, z = load_balancing_loss(stats, config.num_experts), z_loss(stats)
+    added = z * float(getattr(config, "router_z_loss_coef", 0.0) or 0.0)
+    if getattr(config, "output_router_logits", False):
+        added = added + config.router_aux_loss_coef * aux
     count = sums["weight_sum"]
-    return {**sums, "loss_sum": sums["loss_sum"] + config.router_aux_loss_coef * aux * count,
-            "aux_loss_sum": aux * count}
+    return {**sums, "loss_sum": sums["loss_sum"] + added * count, "aux_loss_sum": aux * count,
+            "router_z_loss_sum": z * count, "expert_load_max_sum": stats["load_max"] * count,
+            "expert_load_min_sum": stats["load_min"] * count}
 
 
-# transformers' per-expert tensor names (the hub's checkpoints, and what its save_pretrained writes) <-> fused ones
-_PER_EXPERT = re.compile(r"^(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+def expert_tensor_names(names, sparse):
+    """A dense decoder's (hf name, our path, kind) list with each sparse layer's (sparse(i) true) MLP tensors
+    mlp.{gate,up,down}_proj replaced by its router (mlp.gate.weight [E, D]) and fused experts
+    (mlp.experts.gate_up_proj, mlp.experts.down_proj), all three copied as they are."""
+    out = []
+    for hf, path, kind in names:
+        layer = hf.split(".")[2] if hf.startswith("model.layers.") else None
+        if layer is None or not sparse(int(layer)) or ".mlp." not in hf:
+            out.append((hf, path, kind))
+        elif hf.endswith("mlp.gate_proj.weight"):  # one MLP's three tensors -> the experts' three
+            ours, prefix = path[:-2], hf.removesuffix("gate_proj.weight")
+            out += [(f"{prefix}gate.weight", (*ours, "gate"), "copy"),
+                    (f"{prefix}experts.gate_up_proj", (*ours, "gate_up_proj"), "copy"),
+                    (f"{prefix}experts.down_proj", (*ours, "down_proj"), "copy")]
+    return out
+
+
+# transformers' per-expert tensor names (the hub's checkpoints, and what its save_pretrained writes) <-> fused ones:
+# {block}.experts.{e}.{gate,up,down}.weight, by default mlp.experts.{e}.{gate_proj,up_proj,down_proj}.weight
+# (Qwen3-MoE, OLMoE); Mixtral's are block_sparse_moe.experts.{e}.{w1,w3,w2}.weight
+PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _per_expert(block, projs):
+    return re.compile(rf"^(?P<layer>.*\.{re.escape(block)}\.experts)\.(?P<e>\d+)\.(?P<proj>{'|'.join(projs)})\.weight$")
 
 
 class StackedExperts:
@@ -185,18 +304,20 @@ class StackedExperts:
         return x if dtype is None else x.astype(dtype)
 
 
-def stack_experts(tensors, num_experts):
-    """tensors with each layer's per-expert mlp.experts.{e}.{gate,up,down}_proj.weight replaced by transformers'
-    fused mlp.experts.gate_up_proj and down_proj (StackedExperts); fused checkpoints pass unchanged. UserError
-    naming the first missing or differently shaped expert tensor."""
+def stack_experts(tensors, num_experts, *, block="mlp", projs=PROJS):
+    """tensors with each layer's per-expert {block}.experts.{e}.{gate,up,down}.weight (projs: the three names,
+    default gate_proj, up_proj, down_proj) replaced by transformers' fused {block}.experts.gate_up_proj and
+    down_proj (StackedExperts); fused checkpoints pass unchanged. UserError naming the first missing or differently
+    shaped expert tensor."""
+    per_expert, (gate, up, down) = _per_expert(block, projs), projs
     found = {}
     for name in tensors:
-        m = _PER_EXPERT.match(name)
+        m = per_expert.match(name)
         if m:
             found.setdefault(m["layer"], {})[(int(m["e"]), m["proj"])] = name
-    out = {n: x for n, x in tensors.items() if not _PER_EXPERT.match(n)}
+    out = {n: x for n, x in tensors.items() if not per_expert.match(n)}
     for layer, names in found.items():
-        want = [(e, p) for e in range(num_experts) for p in ("gate_proj", "up_proj", "down_proj")]
+        want = [(e, p) for e in range(num_experts) for p in projs]
         missing = [f"{layer}.{e}.{p}.weight" for e, p in want if (e, p) not in names]
         if missing:
             raise UserError(f"checkpoint is missing tensor(s) {', '.join(missing[:5])}; it does not match "
@@ -205,7 +326,7 @@ def stack_experts(tensors, num_experts):
         if extra:
             raise UserError(f"checkpoint has unexpected tensor(s) {names[extra[0]]}; it does not match config.json "
                             f"(num_experts {num_experts})")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
+        for proj in projs:
             shapes = {tuple(tensors[names[(e, proj)]].shape) for e in range(num_experts)}
             if len(shapes) > 1:
                 odd = next(names[(e, proj)] for e in range(num_experts)
@@ -214,26 +335,28 @@ def stack_experts(tensors, num_experts):
                                 f"{tuple(tensors[names[(0, proj)]].shape)}; use the config.json the checkpoint "
                                 f"was saved with")
         out[f"{layer}.gate_up_proj"] = StackedExperts(
-            [[tensors[names[(e, "gate_proj")]], tensors[names[(e, "up_proj")]]] for e in range(num_experts)])
-        out[f"{layer}.down_proj"] = StackedExperts([[tensors[names[(e, "down_proj")]]] for e in range(num_experts)])
+            [[tensors[names[(e, gate)]], tensors[names[(e, up)]]] for e in range(num_experts)])
+        out[f"{layer}.down_proj"] = StackedExperts([[tensors[names[(e, down)]]] for e in range(num_experts)])
     return out
 
 
-def split_experts(tensors):
-    """The inverse of stack_experts on numpy tensors: each fused mlp.experts.gate_up_proj [E, 2I, D] and down_proj
-    [E, D, I] written as transformers' save_pretrained writes them, per expert (mlp.experts.{e}.gate_proj.weight
-    [I, D], up_proj, down_proj [D, I]); the other tensors in their order."""
+def split_experts(tensors, *, block="mlp", projs=PROJS):
+    """The inverse of stack_experts on numpy tensors: each fused {block}.experts.gate_up_proj [E, 2I, D] and
+    down_proj [E, D, I] written as transformers' save_pretrained writes them, per expert
+    ({block}.experts.{e}.gate_proj.weight [I, D], up_proj, down_proj [D, I], or projs' names); the other tensors in
+    their order."""
+    gate, up, down = projs
     out = {}
     for name, x in tensors.items():
-        if name.endswith(".mlp.experts.gate_up_proj"):
+        if name.endswith(f".{block}.experts.gate_up_proj"):
             layer, half = name.removesuffix(".gate_up_proj"), x.shape[1] // 2
             for e in range(x.shape[0]):
-                out[f"{layer}.{e}.gate_proj.weight"] = np.ascontiguousarray(x[e, :half])
-                out[f"{layer}.{e}.up_proj.weight"] = np.ascontiguousarray(x[e, half:])
-        elif name.endswith(".mlp.experts.down_proj"):
+                out[f"{layer}.{e}.{gate}.weight"] = np.ascontiguousarray(x[e, :half])
+                out[f"{layer}.{e}.{up}.weight"] = np.ascontiguousarray(x[e, half:])
+        elif name.endswith(f".{block}.experts.down_proj"):
             layer = name.removesuffix(".down_proj")
             for e in range(x.shape[0]):
-                out[f"{layer}.{e}.down_proj.weight"] = np.ascontiguousarray(x[e])
+                out[f"{layer}.{e}.{down}.weight"] = np.ascontiguousarray(x[e])
         else:
             out[name] = x
     return out

@@ -14,11 +14,10 @@ writes too): both load; exports are per expert.
 The load-balancing loss (config.router_aux_loss_coef, config.output_router_logits) is flaxlm.models.moe's
 load_balancing_loss over the router logits moe.router_logits() collects.
 """
-from flaxlm.errors import UserError
 from flaxlm.models import llama
 from flaxlm.models.family import Family
 from flaxlm.models.layers import RMSNorm
-from flaxlm.models.moe import SparseMoE, split_experts, stack_experts
+from flaxlm.models.moe import SparseMoE, check_experts, expert_tensor_names, split_experts, stack_experts
 
 
 def sparse_layer(config, i):
@@ -27,22 +26,18 @@ def sparse_layer(config, i):
             and (i + 1) % config.decoder_sparse_step == 0)
 
 
-def check_experts(config):
-    """UserError unless config.num_experts_per_tok is between 1 and config.num_experts."""
-    E, k = config.num_experts, config.num_experts_per_tok
-    if E > 0 and not 1 <= k <= E:
-        raise UserError(f"num_experts_per_tok {k} must be between 1 and num_experts {E}; fix config.json")
-
-
 class Block(llama.Block):
-    """Llama's block (its __call__) with the experts in place of the MLP when sparse."""
+    """Llama's block (its __call__) with the experts (`experts`: Qwen2-MoE's add a shared expert) in place of the MLP
+    when sparse."""
+    experts = SparseMoE
 
     def __init__(self, config, dtype, rngs, execution, *, sparse, **attention_options):
         D, eps = config.hidden_size, config.rms_norm_eps
         self.attn_norm = RMSNorm(D, eps)
         self.attn = llama.Attention(config, dtype, rngs, execution, **attention_options)
         self.mlp_norm = RMSNorm(D, eps)
-        self.mlp = SparseMoE(config, dtype, rngs, execution) if sparse else llama.MLP(config, dtype, rngs, bias=False)
+        self.mlp = (self.experts(config, dtype, rngs, execution) if sparse
+                    else llama.MLP(config, dtype, rngs, bias=False))
 
 
 class Qwen3MoeForCausalLM(llama.LlamaForCausalLM):
@@ -62,17 +57,8 @@ class Qwen3MoeForCausalLM(llama.LlamaForCausalLM):
 def tensor_names(config):
     """Qwen3ForCausalLM's tensor names, a sparse layer's mlp.{gate,up,down}_proj replaced by its router
     (mlp.gate.weight [E, D]) and its fused experts, all three copied as they are."""
-    names = []
-    for hf, path, kind in llama.tensor_names(config, qk_norm=True, mlp_bias=False):
-        layer = hf.split(".")[2] if hf.startswith("model.layers.") else None
-        if layer is None or not sparse_layer(config, int(layer)) or ".mlp." not in hf:
-            names.append((hf, path, kind))
-        elif hf.endswith("mlp.gate_proj.weight"):  # one MLP's three tensors -> the experts' three
-            ours, prefix = path[:-2], hf.removesuffix("gate_proj.weight")
-            names += [(f"{prefix}gate.weight", (*ours, "gate"), "copy"),
-                      (f"{prefix}experts.gate_up_proj", (*ours, "gate_up_proj"), "copy"),
-                      (f"{prefix}experts.down_proj", (*ours, "down_proj"), "copy")]
-    return names
+    return expert_tensor_names(llama.tensor_names(config, qk_norm=True, mlp_bias=False),
+                               lambda i: sparse_layer(config, i))
 
 
 def normalize(config, tensors, notes):

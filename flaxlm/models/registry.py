@@ -2,7 +2,8 @@
 family's own file. Adding a family is one more entry in FAMILIES; everything below is derived from it."""
 from flaxlm.errors import UserError
 from flaxlm.models import (bert, bloom, deberta_v2, electra, gemma, gemma2, gemma3, gpt2, gpt_neo, gptj, llama,
-                           mistral, modernbert, mt5, opt, qwen2, qwen3, qwen3_moe, t5, xlm_roberta)
+                           mistral, mixtral, modernbert, mt5, olmoe, opt, qwen2, qwen2_moe, qwen3, qwen3_moe, t5,
+                           xlm_roberta)
 
 FAMILIES = {f.model_type: f for f in (
     bert.BERT,
@@ -12,9 +13,12 @@ FAMILIES = {f.model_type: f for f in (
     opt.OPT,
     llama.LLAMA,
     mistral.MISTRAL,
+    mixtral.MIXTRAL,
     qwen2.QWEN2,
+    qwen2_moe.QWEN2_MOE,
     qwen3.QWEN3,
     qwen3_moe.QWEN3_MOE,
+    olmoe.OLMOE,
     electra.ELECTRA,
     xlm_roberta.XLM_ROBERTA,
     xlm_roberta.CAMEMBERT,

@@ -12,7 +12,7 @@ bias (T5's buckets, DeBERTa, BLOOM's ALiBi), dropped-out probabilities, a per-qu
 that are not a whole number of blocks (128 queries and keys): where_not says why, and attention() then computes with
 XLA.
 
-Under jit over a mesh the kernel runs per device (shard_map over the batch axis "data" of the context mesh, which
+Under jit over a mesh the kernel runs per device (shard_map over the batch axes of the context mesh, which
 flaxlm.training.mesh.on_mesh sets): a Pallas kernel is not partitioned by XLA. On a CPU it runs in Pallas'
 interpret mode, how its numbers are checked against XLA attention (tests/test_splash.py).
 """
@@ -71,8 +71,9 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, causal, scale, window=None, segm
         return jax.vmap(one_row, in_axes=(0, 0, 0, None if segments is None else 0))(q, k, v, segments)
 
     mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and "data" in mesh.axis_names and mesh.shape["data"] > 1:
-        specs = (P("data"), P("data"), P("data"), None if segments_BT is None else P("data"))
-        rows = jax.shard_map(rows, mesh=mesh, in_specs=specs, out_specs=P("data"), check_vma=False)
+    if not mesh.empty and "data" in mesh.axis_names and mesh.size > 1:
+        batch = P(tuple(mesh.axis_names))  # rows split over every axis ('data', and --sharding expert's 'expert')
+        specs = (batch, batch, batch, None if segments_BT is None else batch)
+        rows = jax.shard_map(rows, mesh=mesh, in_specs=specs, out_specs=batch, check_vma=False)
     out_BKGTH = rows(q_BKGTH, k_BKSH, v_BKSH, segments_BT)
     return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v_BSKH.dtype)

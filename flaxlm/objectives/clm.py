@@ -57,14 +57,14 @@ def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=
     cross-entropy: flaxlm.objectives.lm_loss; the last position's head is never computed). separate_documents:
     each token attends only within its document (pad_id is the EOS that ends one), at positions from 0 in it.
     An MoE config with output_router_logits adds router_aux_loss_coef times the load-balancing loss, as
-    transformers does (flaxlm.models.moe.add_aux_loss)."""
+    transformers does, and logs the router's metrics (flaxlm.models.moe.add_router_losses)."""
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
         mask = Segments(batch["segment_ids"]) if separate_documents else None
-        with moe.router_logits(moe.wants_aux_loss(config)) as router_logits:  # MoE: for the load-balancing loss
+        with moe.routing(config) as router:  # an MoE's router statistics: its losses and metrics
             h_BLD, head = apply_hidden(graphdef, params, ids_BL, mask, batch.get("positions"), dropout_key=dropout_key)
         sums = head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
-        return moe.add_aux_loss(config, sums, router_logits)
+        return moe.add_router_losses(config, sums, router.value)
 
     collate = collate_documents(pad_id) if separate_documents else collate_blocks
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="label_weights",

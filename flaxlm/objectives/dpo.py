@@ -9,12 +9,14 @@ training: reference_logps), and
 
 averaged over the pairs of the batch, with TRL's logged figures: rewards/chosen and rewards/rejected (beta times each
 log ratio), rewards/margins, rewards/accuracies (chosen's reward above rejected's), logps/chosen, logps/rejected.
+A mixture of experts adds router_aux_loss_coef times the policy's load-balancing loss over its rows' tokens (TRL's
+aux_loss, on unless the coefficient is 0: flaxlm.training.pipeline.trl_router_loss).
 """
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxlm.models import apply_hidden
+from flaxlm.models import apply_hidden, moe
 from flaxlm.models.lora import adapters_off
 from flaxlm.training.evaluation import collect_predictions
 from flaxlm.training.flops import decoder_lm_train_flops
@@ -77,6 +79,13 @@ def pair_logps(graphdef, params, batch, dropout_key=None):
     return {"chosen": both[:B], "rejected": both[B:]}
 
 
+def real_tokens(batch):
+    """bool [2B, L]: the tokens of pair_logps' rows (chosen rows, then rejected) up to each row's last answer token,
+    the rows' right padding left out (TRL's attention mask)."""
+    answer_BL = jnp.concatenate([batch["chosen_answer"], batch["rejected_answer"]]) > 0
+    return jnp.flip(jnp.cumsum(jnp.flip(answer_BL, 1), 1), 1) > 0
+
+
 def reference_logps(graphdef, params, rows, global_batch, mesh, pad_id):
     """{"ref_chosen", "ref_rejected": float32 [N]} of pair rows under params (eval mode), on all devices: the
     reference computed once, before training, so that no second model is held beside the policy."""
@@ -92,7 +101,8 @@ def dpo_objective(graphdef, config, params, max_length, pad_id, loss_type="sigmo
     live_reference (a LoRA run) the reference is scored in every step instead: the params with the adapters off, in
     eval mode, one more forward pass and no gradient."""
     def loss_sums(params, batch, dropout_key):
-        logps = pair_logps(graphdef, params, batch, dropout_key)
+        with moe.routing(config, real_tokens(batch)) as router:  # an MoE's router statistics, policy only (as TRL)
+            logps = pair_logps(graphdef, params, batch, dropout_key)
         if live_reference:
             ref = jax.lax.stop_gradient(pair_logps(graphdef, adapters_off(params), batch))
         else:
@@ -100,8 +110,9 @@ def dpo_objective(graphdef, config, params, max_length, pad_id, loss_type="sigmo
         tokens = {k: batch[f"{k}_answer"][:, 1:].sum(axis=1) for k in ("chosen", "rejected")}
         loss, figures = dpo_loss(loss_type, beta, logps, ref, tokens, label_smoothing)
         w = batch["weights"]
-        return {"loss_sum": jnp.sum(loss * w), "weight_sum": jnp.sum(w),
-                **{f"{name}_sum": jnp.sum(v * w) for name, v in figures.items()}}
+        return moe.add_router_losses(config, {"loss_sum": jnp.sum(loss * w), "weight_sum": jnp.sum(w),
+                                              **{f"{name}_sum": jnp.sum(v * w) for name, v in figures.items()}},
+                                     router.value)
 
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="weights",
                      flops_per_example=2 * decoder_lm_train_flops(config, params, 1, max_length)

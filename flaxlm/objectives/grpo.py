@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxlm.models import apply_hidden
+from flaxlm.models import apply_hidden, moe
 from flaxlm.models.lora import adapters_off
 from flaxlm.training.flops import decoder_lm_train_flops
 from flaxlm.training.objective import Objective
@@ -114,7 +114,8 @@ def grpo_objective(graphdef, config, params, *, prompt_length, completion_length
     C = completion_length
 
     def loss_sums(params, batch, dropout_key):
-        logps_BC, entropy_BC = completion_logps(graphdef, params, batch, C, temperature, dropout_key)
+        with moe.routing(config, batch["attention_mask"]) as router:  # an MoE's router statistics, policy only
+            logps_BC, entropy_BC = completion_logps(graphdef, params, batch, C, temperature, dropout_key)
         old_BC = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(logps_BC)
         ref_BC = None
         if beta:
@@ -127,8 +128,8 @@ def grpo_objective(graphdef, config, params, *, prompt_length, completion_length
         loss_sum, weight_sum = normalized_sums(loss, mask_BC, w_B, loss_type, C)
         figures["entropy"] = entropy_BC
         # each figure as a mean over this piece, weighted like the loss: the step divides by the global weight sum
-        return {"loss_sum": loss_sum, "weight_sum": weight_sum,
-                **{f"{k}_sum": masked_mean(v, mask_BC, w_B) * weight_sum for k, v in figures.items()}}
+        return moe.add_router_losses(config, {"loss_sum": loss_sum, "weight_sum": weight_sum, **{
+            f"{k}_sum": masked_mean(v, mask_BC, w_B) * weight_sum for k, v in figures.items()}}, router.value)
 
     sequence = prompt_length + completion_length
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="weights",

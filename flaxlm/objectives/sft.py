@@ -2,7 +2,7 @@
 assistant turns, or every token with --train_on_prompt), averaged over the batch's trained tokens as TRL's
 SFTTrainer averages it; each conversation of a packed row attends only to itself, at positions from 0
 (flaxlm.data.chat_rows). An MoE config with output_router_logits adds the load-balancing loss over the real
-tokens (flaxlm.models.moe.add_aux_loss)."""
+tokens, and logs the router's metrics (flaxlm.models.moe.add_router_losses)."""
 import numpy as np
 
 from flaxlm.models import apply_hidden, moe
@@ -26,11 +26,11 @@ def collate(rows, rng=None):
 def sft_objective(graphdef, config, params, max_length, pad_id, head_chunk_rows=None):
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
-        with moe.router_logits(moe.wants_aux_loss(config)) as router_logits:  # MoE: for the load-balancing loss
+        with moe.routing(config, batch["segment_ids"] > 0) as router:  # an MoE's router statistics, padding out
             h_BLD, head = apply_hidden(graphdef, params, ids_BL, Segments(batch["segment_ids"]), batch["positions"],
                                        dropout_key=dropout_key)
         sums = head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
-        return moe.add_aux_loss(config, sums, router_logits, batch["segment_ids"] > 0)  # padding not counted
+        return moe.add_router_losses(config, sums, router.value)
 
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="label_weights",
                      flops_per_example=decoder_lm_train_flops(config, params, 1, max_length),

@@ -58,12 +58,24 @@ def check_process_flags(address, count, index):
                         f"give each process its own index below --num_processes")
 
 
-def make_mesh(devices=None):
+def make_mesh(devices=None, expert=1):
     """The 1-D 'data' mesh, devices grouped by process in process order, so that each process's
-    devices hold one contiguous block of the example axis (the rows local_rows gives it)."""
+    devices hold one contiguous block of the example axis (the rows local_rows gives it). expert > 1 (--sharding
+    expert): the same devices in the same order as a 2-D ('data', 'expert') mesh, each run of `expert` consecutive
+    devices one expert group; the example axis is split over both axes, in the same order."""
     devices = jax.devices() if devices is None else devices
     devices = sorted(devices, key=lambda d: d.process_index)  # stable: order within a process kept
-    return Mesh(np.asarray(devices), ("data",))
+    if expert == 1:
+        return Mesh(np.asarray(devices), ("data",))
+    if len(devices) % expert:
+        raise UserError(f"--expert_parallel_size {expert} does not divide the {len(devices)} devices; use a divisor "
+                        f"of {len(devices)}")
+    return Mesh(np.asarray(devices).reshape(-1, expert), ("data", "expert"))
+
+
+def batch_axes(mesh):
+    """The mesh axes the example axis is split over: all of them ('data', or ('data', 'expert'))."""
+    return mesh.axis_names[0] if len(mesh.axis_names) == 1 else tuple(mesh.axis_names)
 
 
 def on_mesh(jitted, mesh):
@@ -86,7 +98,7 @@ def replicated(mesh):
 
 def batch_sharding(mesh, leading_axes=0):
     """Split the example axis (after `leading_axes` unsplit axes, e.g. gradient accumulation)."""
-    return NamedSharding(mesh, P(*([None] * leading_axes), "data"))
+    return NamedSharding(mesh, P(*([None] * leading_axes), batch_axes(mesh)))
 
 
 def global_batch_size(per_device, global_size, mesh, what):

@@ -7,6 +7,9 @@ that shapes the model is read) the model the run trains, on the devices that tra
     tokenizer, config, graphdef, params, lora, mesh, (micro_batch, eval_batch, global_batch) = load_model_and_mesh(
         args, model_args, target, tokenizer, script="run_clm_flax.py", lora_args=lora_args, read_sharded=True)
 """
+import math
+
+from flaxlm.errors import UserError
 
 
 def load_run_tokenizer(model_args, path=None):
@@ -18,10 +21,31 @@ def load_run_tokenizer(model_args, path=None):
                           trust_remote_code=model_args.trust_remote_code)
 
 
+def expert_groups(args, model_args, num_devices):
+    """The 'expert' axis of the mesh: --expert_parallel_size, or with --sharding expert the largest number up to 8
+    that divides both the device count and the model's num_experts (its config.json); 1 without --sharding expert.
+    Why at most 8 by default: a group's devices each hold all of the group's routed token copies
+    (flaxlm.models.moe.expert_parallel), G times its own, and 8 devices are one host's (its fastest links)."""
+    size = getattr(args, "expert_parallel_size", None)
+    if getattr(args, "sharding", "data") != "expert":
+        if size:
+            raise UserError(f"--expert_parallel_size {size} sizes the experts' axis of --sharding expert; pass "
+                            f"--sharding expert too, or drop it")
+        return 1
+    if size:
+        return size
+    path = model_args.model_name_or_path or model_args.config_name
+    if not path:
+        raise UserError("--sharding expert for a new model of --model_type needs --expert_parallel_size N")
+    from flaxlm.models import load_config
+    return math.gcd(num_devices, getattr(load_config(path), "num_experts", 0) or 1, 8)
+
+
 def load_model_and_mesh(args, model_args, target, tokenizer, *, script=None, task=None, lora_args=None,
                         chat_markers=(), add_tokens=None, read_sharded=False, **labels):
     """What a script trains, and on what, in the order a run needs them:
-    1. the mesh of the devices (target, compile_target's: the --compile_for slice's, else this run's);
+    1. the mesh of the devices (target, compile_target's: the --compile_for slice's, else this run's), with
+       --sharding expert an 'expert' axis of expert_groups devices;
     2. the model (flaxlm.training.pipeline.load_model: pretraining `script`'s families, or the head of a fine-tuning
        `task` with its **labels; --compile_for: shapes only; read_sharded: a checkpoint's tensors read straight into
        --sharding's layout on the mesh, as the decoder scripts read theirs);
@@ -40,10 +64,15 @@ def load_model_and_mesh(args, model_args, target, tokenizer, *, script=None, tas
     from flaxlm.tokenization.loading import check_fits
     from flaxlm.training import mesh as meshlib
     from flaxlm.training.pipeline import attach_lora, batch_sizes, load_model
-    mesh = meshlib.make_mesh(target.devices if target else None)
+    import jax
+    devices = target.devices if target else jax.devices()
+    mesh = meshlib.make_mesh(devices, expert=expert_groups(args, model_args, len(devices)))
     config, model = load_model(model_args, seed=args.seed, script=script, task=task, tokenizer=tokenizer,
                                mesh=mesh if read_sharded else None, sharding=args.sharding,
                                abstract=target is not None, **labels)
+    if args.sharding == "expert" and not getattr(config, "num_experts", 0):
+        raise UserError(f"--sharding expert splits a mixture of experts' experts, and this {config.model_type} model "
+                        f"has none; use --sharding fsdp")
     if chat_markers:
         graphdef, params = split_model(model)
         tokenizer, config, params = add_tokens(tokenizer, config, params, chat_markers,

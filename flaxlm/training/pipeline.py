@@ -51,6 +51,30 @@ NO_MODEL_HINTS = {
 }
 
 
+ROUTER_OPTIONS = ("output_router_logits", "router_aux_loss_coef", "router_z_loss_coef")
+
+
+def with_router_options(model_args, config):
+    """config with the router's loss settings the flags give (ROUTER_OPTIONS; unset: config.json's), which the
+    export's config.json keeps; UserError when one is given for a model without experts."""
+    given = {name: getattr(model_args, name, None) for name in ROUTER_OPTIONS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if given and not getattr(config, "num_experts", 0):
+        raise UserError(f"--{next(iter(given))} is a mixture-of-experts setting, and this {config.model_type} model "
+                        f"has no experts; drop it")
+    for name, value in given.items():
+        setattr(config, name, value)
+    return config
+
+
+def trl_router_loss(model_args, config):
+    """config with the load-balancing loss on or off as TRL's SFT, DPO and GRPO trainers decide it for a mixture of
+    experts: on whenever router_aux_loss_coef is not 0 (so by default), unless --output_router_logits says."""
+    if getattr(config, "num_experts", 0) and getattr(model_args, "output_router_logits", None) is None:
+        config.output_router_logits = bool(config.router_aux_loss_coef)
+    return config
+
+
 def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=None, sharding="data", abstract=False,
                **labels):
     """(config, model) a script trains: continued from --model_name_or_path, or new from --config_name, or (when
@@ -64,7 +88,13 @@ def load_model(model_args, seed, script=None, task=None, tokenizer=None, mesh=No
 
     The parameters are --param_dtype. Given the mesh, a pretrained model's tensors are read straight into the
     train state's sharding (`sharding`: data or fsdp), a sharded checkpoint shard by shard. abstract (--compile_for):
-    the model's shapes only (jax.ShapeDtypeStruct parameters), no weights read or initialized."""
+    the model's shapes only (jax.ShapeDtypeStruct parameters), no weights read or initialized. A mixture of
+    experts' router losses as --output_router_logits, --router_aux_loss_coef and --router_z_loss_coef say."""
+    config, model = _load_model(model_args, seed, script, task, tokenizer, mesh, sharding, abstract, **labels)
+    return with_router_options(model_args, config), model
+
+
+def _load_model(model_args, seed, script, task, tokenizer, mesh, sharding, abstract, **labels):
     from flaxlm.models import create_model, load_config, load_for_task, load_pretrained, model_class, task_config
     from flaxlm.models.hf_io import has_weights, resolve_dir
     from flaxlm.platform import splash_compiles
@@ -139,7 +169,8 @@ def attach_lora(lora_args, model_args, args, config, model, seed, tokens=()):
             targets = targets[0]  # a regular expression of whole module names
         lora = loralib.LoraConfig(rank=lora_args.lora_rank, alpha=lora_args.lora_alpha,
                                   dropout=lora_args.lora_dropout, targets=tuple(targets) if isinstance(
-                                      targets, list) else targets, trainable_tokens=tuple(tokens))
+                                      targets, list) else targets, trainable_tokens=tuple(tokens),
+                                  parameters=tuple(lora_args.lora_target_parameters or ()))
         modules = loralib.add_lora(model, config, lora, seed)
     if lora.trainable_tokens:
         sites = " and ".join(s.hf for s in loralib.token_sites(config))
@@ -383,7 +414,7 @@ def export(args, model_args, config, params, tokenizer, load_with, how=None, lor
         print(f"exported the model and tokenizer to {out} (load with {load_with}.from_pretrained)", flush=True)
     repo_id = (args.hub_model_id or os.path.basename(os.path.abspath(out))) if args.push_to_hub else None
     if lora and not merge_lora:
-        names = ", ".join(sorted({m.hf.rsplit(".", 1)[-1] for m in lora[1]}))
+        names = ", ".join(sorted({m.label for m in lora[1]}))
         how = (f"{how or 'fine-tuned'}: a LoRA adapter (rank {lora[0].rank}, alpha {lora[0].alpha:g}, on {names} of "
                f"{len(lora[1])} layers)")
     write_card(args, model_args, config, params, tokenizer, load_with, repo_id or out, how,

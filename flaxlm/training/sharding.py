@@ -5,6 +5,11 @@ fsdp (fully sharded data parallel) splits each large array of the params and opt
 1/N of the state. The batch stays split over the same axis; inside the jitted step XLA gathers each
 weight when it is used and reduce-scatters its gradient. Small arrays (biases, norms, counters) and
 arrays with no divisible dimension stay replicated: sharding them saves nothing worth the traffic.
+
+expert (a mixture of experts, on make_mesh's ('data', 'expert') mesh): each expert tensor [E, ...] (the fused
+gate_up_proj and down_proj, and their optimizer state) is split along E over the 'expert' axis, so each device of
+an expert group holds E / expert_parallel_size whole experts (flaxlm.models.moe runs them there), and along its
+largest other dimension over 'data' as fsdp; every other array is fsdp over all the devices.
 """
 import jax
 from jax.experimental import multihost_utils
@@ -12,7 +17,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from flaxlm.errors import UserError
 
-MODES = ("data", "fsdp")
+MODES = ("data", "fsdp", "expert")
+EXPERT_TENSORS = ("gate_up_proj", "down_proj")  # flaxlm.models.moe.SparseMoE's [E, ...] parameters
 MIN_SHARDED_ELEMENTS = 2**12  # arrays smaller than this stay replicated under fsdp
 
 
@@ -22,7 +28,29 @@ def state_shardings(state, mesh, mode="data"):
         raise UserError(f"--sharding {mode} is unknown; use one of {', '.join(MODES)}")
     if mode == "data":
         return jax.tree.map(lambda _: NamedSharding(mesh, P()), state)
-    return jax.tree.map(lambda leaf: NamedSharding(mesh, fsdp_spec(leaf.shape, mesh.size)), state)
+    everywhere = mesh.axis_names[0] if len(mesh.axis_names) == 1 else tuple(mesh.axis_names)
+    if mode == "fsdp" or "expert" not in mesh.axis_names:
+        return jax.tree.map(lambda leaf: NamedSharding(mesh, fsdp_spec(leaf.shape, mesh.size, everywhere)), state)
+
+    def spec(path, leaf):
+        if _last_key(path) in EXPERT_TENSORS and len(leaf.shape) == 3:
+            return expert_spec(leaf.shape, mesh)
+        return fsdp_spec(leaf.shape, mesh.size, everywhere)
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: NamedSharding(mesh, spec(path, leaf)), state)
+
+
+def _last_key(path):
+    key = path[-1] if path else None
+    return str(getattr(key, "key", getattr(key, "name", key)))
+
+
+def expert_spec(shape, mesh):
+    """PartitionSpec of an expert tensor [E, ...]: E over 'expert', the largest other dimension over 'data'."""
+    groups, data = mesh.shape["expert"], mesh.shape["data"]
+    if shape[0] % groups:
+        raise UserError(f"the {shape[0]} experts do not divide over --expert_parallel_size {groups}; use a divisor "
+                        f"of {shape[0]}")
+    return P("expert", *fsdp_spec(shape[1:], data))
 
 
 def fsdp_spec(shape, num_devices, axis="data"):
