@@ -55,11 +55,13 @@ def grouped_swiglu(x_MD, experts_MK, weights_MK, gate_up_EXD, down_EDI, act, dty
     # sort last and fall in no group, so ragged_dot gives them zeros
     rows_E = jnp.bincount(expert_N, length=E + 1)[:E].astype(jnp.int32)
     x_ND = jnp.take(x_MD.astype(dtype), order_N // K, axis=0)
+    # outputs in the compute dtype, as torch's bfloat16 matmuls (the matrix units accumulate in float32 either way):
+    # a float32 [N, 2I] result would double the largest temporaries of a bfloat16 step
     h_NX = jax.lax.ragged_dot_general(x_ND, gate_up_EXD.astype(dtype), rows_E, _CONTRACT_LAST,
-                                      preferred_element_type=jnp.float32).astype(dtype)
+                                      preferred_element_type=dtype)
     gate_NI, up_NI = jnp.split(h_NX, 2, axis=-1)
     y_ND = jax.lax.ragged_dot_general(act(gate_NI) * up_NI, down_EDI.astype(dtype), rows_E, _CONTRACT_LAST,
-                                      preferred_element_type=jnp.float32).astype(dtype)
+                                      preferred_element_type=dtype)
     # back to (token, k) order: the inverse permutation is a gather, not a scatter-add (deterministic, no atomics)
     inverse_N = jnp.zeros_like(order_N).at[order_N].set(jnp.arange(M * K, dtype=order_N.dtype))
     y_MKD = jnp.take(y_ND, inverse_N, axis=0).reshape(M, K, D)

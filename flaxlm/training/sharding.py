@@ -1,4 +1,4 @@
-"""Where the train state lives on the mesh: --sharding data (every device holds all of it) or fsdp.
+"""Where the train state lives on the mesh: --sharding data (every device holds all of it), fsdp or expert.
 
 fsdp (fully sharded data parallel) splits each large array of the params and optimizer state over the
 'data' axis along its largest dimension that the device count divides, so each device holds about
@@ -7,9 +7,9 @@ weight when it is used and reduce-scatters its gradient. Small arrays (biases, n
 arrays with no divisible dimension stay replicated: sharding them saves nothing worth the traffic.
 
 expert (a mixture of experts, on make_mesh's ('data', 'expert') mesh): each expert tensor [E, ...] (the fused
-gate_up_proj and down_proj, and their optimizer state) is split along E over the 'expert' axis, so each device of
-an expert group holds E / expert_parallel_size whole experts (flaxlm.models.moe runs them there), and along its
-largest other dimension over 'data' as fsdp; every other array is fsdp over all the devices.
+gate_up_proj and down_proj, their LoRA adapters and optimizer state) is split along E over the 'expert' axis, so
+each device of an expert group holds E / expert_parallel_size whole experts (flaxlm.models.moe runs them there),
+and along its largest other dimension over 'data' as fsdp; every other array is fsdp over all the devices.
 """
 import jax
 from jax.experimental import multihost_utils
@@ -18,7 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from flaxlm.errors import UserError
 
 MODES = ("data", "fsdp", "expert")
-EXPERT_TENSORS = ("gate_up_proj", "down_proj")  # flaxlm.models.moe.SparseMoE's [E, ...] parameters
+# flaxlm.models.moe.SparseMoE's [E, ...] parameters, and their LoRA adapters' (flaxlm.models.expert_lora)
+EXPERT_TENSORS = ("gate_up_proj", "down_proj", "lora_a", "lora_b")
 MIN_SHARDED_ELEMENTS = 2**12  # arrays smaller than this stay replicated under fsdp
 
 
