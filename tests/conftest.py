@@ -34,15 +34,40 @@ def _no_default_compilation_cache():
 _no_default_compilation_cache()
 
 
+MAPPINGS_BEFORE_RELEASE = 30000  # of Linux's 65530 (vm.max_map_count); a test adds a few hundred at most
+
+
+def _release():
+    import jax
+    jax.clear_caches()
+    gc.collect()
+
+
+def _mappings():
+    """The count of this process's memory mappings (0 where /proc is absent)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return 0
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """After each test file, drop the programs JAX compiled for it. XLA:CPU maps each compiled program's code into
     the process and unmaps it only when the program is freed; a worker that runs ~800 tests keeping them all
     reaches Linux's limit of 65530 mappings per process (vm.max_map_count), and XLA aborts at the next compile."""
     yield
-    import jax
-    jax.clear_caches()
-    gc.collect()
+    _release()
+
+
+@pytest.fixture(autouse=True)
+def _release_when_mappings_pile_up():
+    """The same within a file once the mappings near half the limit: test_parity's ~400 tests (each model family
+    compiled many times over) alone map ~60,000 and aborted a CI worker."""
+    yield
+    if _mappings() > MAPPINGS_BEFORE_RELEASE:
+        _release()
 
 
 @pytest.fixture

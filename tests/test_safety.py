@@ -103,7 +103,7 @@ def test_scripts_pass_the_flag_to_the_tokenizer(monkeypatch):
     from flaxlm.tokenization import loading
     from flaxlm.training.opening import load_run_tokenizer
     for script in ("run_mlm_flax.py", "run_t5_mlm_flax.py", "run_clm_flax.py", "run_sft.py", "run_dpo.py",
-                   "run_grpo.py"):
+                   "run_grpo.py", "run_distill.py"):
         with open(os.path.join(REPO, script), encoding="utf-8") as f:
             assert "load_run_tokenizer(model_args" in f.read(), script
     seen = []

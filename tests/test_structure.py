@@ -10,11 +10,12 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "flaxlm"
 # Each layer may import the layers before it and its own subpackage, never a later layer nor a sibling of its own
-# layer: scripts -> rl (rewards: tasks' metrics) -> objectives/tasks/planning -> training -> models/data/tokenization/
+# layer: scripts -> distillation (GKD's sampling: rl's) -> rl (rewards: tasks' metrics) -> objectives/tasks/planning ->
+# training -> models/data/tokenization/
 # reporting -> small helpers.
 LAYERS = [("__init__", "platform", "secrets"), ("errors",), ("files", "config"),
           ("models", "data", "tokenization", "reporting"), ("training", "adaptation"),
-          ("objectives", "tasks", "planning"), ("rl",)]
+          ("objectives", "tasks", "planning"), ("rl",), ("distillation",)]
 MAX_FUNCTION_LINES = 80
 MAX_HF_IO_LINES = 300
 

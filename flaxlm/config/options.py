@@ -718,6 +718,51 @@ class GRPOArgs(ChatTemplateArgs):
 
 
 @dataclass
+class DistillArgs(ChatArgs):
+    """run_distill.py's options (TRL's GKDConfig names where it has them: lmbda, beta, temperature, seq_kd,
+    max_new_tokens)."""
+    mode: str = option("offline", choices=("offline", "gkd"), key="task.distill.mode",
+                       help="offline: the teacher's top-k log-probabilities computed once, the student taught by the "
+                            "forward KL on them; gkd: the teacher live beside the student (TRL's GKDTrainer)")
+    teacher_model_name_or_path: str = required(key="task.distill.teacher", help="the teacher decoder's directory "
+                                               "(or hub name); its tokenizer must be the student's")
+    teacher_param_dtype: str | None = option(choices=PARAM_DTYPES, key="task.distill.teacher_param_dtype",
+                                             help="the teacher's parameters' dtype (default: --param_dtype's; "
+                                                  "bfloat16 halves a live teacher's memory)")
+    data_format: str = option("auto", choices=("auto", "text", "conversations"), key="task.distill.data_format",
+                              help="text: documents in blocks of --max_length, every token taught; conversations: "
+                                   "the chat template, the answers taught; auto: text for .txt files and "
+                                   "--prepared_data, else conversations")
+    teacher_logits: str | None = option(key="task.distill.teacher_logits",
+                                        help="offline: the directory of the teacher's top-k (default: "
+                                             "OUTPUT_DIR/teacher_logits); reused when it holds these rows' top-k "
+                                             "from this teacher at this temperature")
+    top_k: int = option(32, minimum=1, key="task.distill.top_k",
+                        help="offline: the teacher's likeliest tokens kept per position")
+    tail: str = option("renormalize", choices=("renormalize", "bucket"), key="task.distill.tail",
+                       help="offline: the teacher's mass outside its top k: both distributions renormalized over the "
+                            "k (renormalize), or one more category holding the rest (bucket)")
+    alpha: float = option(0.5, minimum=0, key="task.distill.alpha",
+                          help="offline: the loss is alpha * T^2 * KL + (1 - alpha) * next-token cross-entropy")
+    temperature: float | None = option(minimum=0, key="task.distill.temperature",
+                                       help="offline: of the teacher's stored and the student's distributions "
+                                            "(default 1); gkd: of sampling, as TRL's (default 0.9)")
+    beta: float = option(0.5, minimum=0, key="task.distill.beta",
+                         help="gkd: the generalized JSD's interpolation: 0 the forward KL, 1 the reverse KL")
+    lmbda: float = option(0.5, minimum=0, key="task.distill.lmbda",
+                          help="gkd: the share of steps trained on the student's own completions (on-policy)")
+    seq_kd: bool = option(False, key="task.distill.seq_kd",
+                          help="gkd: the other steps train on the teacher's completions instead of the data's")
+    max_new_tokens: int = option(128, minimum=1, key="task.distill.max_new_tokens",
+                                 help="gkd: the longest completion sampled (KV cache)")
+    packing: bool = option(True, key="task.distill.packing",
+                           help="offline, conversations: whole examples laid into rows best-fit (as run_sft.py)")
+    max_prompt_length: int | None = option(minimum=1, key="task.distill.max_prompt_length",
+                                           help="gkd: the prompt's tokens kept, from its end (text rows: the first "
+                                                "this many tokens prompt; default: half of --max_length)")
+
+
+@dataclass
 class LoraArgs:
     """LoRA adapters on a decoder (run_sft.py, run_clm_flax.py, run_dpo.py, run_grpo.py), PEFT's names (flaxlm.models.lora)."""
     lora_rank: int | None = option(minimum=1, key="task.lora.rank",
@@ -784,6 +829,8 @@ LEFT_OUT = {
     "run_sft": _CHAT,
     "run_dpo": _CHAT,
     "run_grpo": _CHAT,
+    "run_distill": ("mlm_probability", "max_seq_length", "pad_to_max_length", "text_column", "test_file",
+                    "do_predict"),  # (text rows: tokenized with `datasets`, in processes, as run_clm_flax.py's)
 }
 
 

@@ -110,8 +110,9 @@ def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch
                                   args.cpu_chunk_tokens)
         train_batch = batch_shapes(objective, sample_rows, layout.global_batch, layout.sharding, layout.pieces)
         key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=meshlib.replicated(mesh))
-        step = compile_train_step(objective.loss_sums, phase.tx, layout, shardings, trainable=phase.trainable)
-        train, train_s = compile_timed(step.lower(state, train_batch, key))
+        step = compile_train_step(objective.loss_sums, phase.tx, layout, shardings, trainable=phase.trainable,
+                                  frozen=objective.frozen)
+        train, train_s = compile_timed(step.lower(state, train_batch, key, *objective.frozen_args()))
         if sampling:
             evaluate, eval_s, eval_inputs = compile_sampling(*sampling, state["params"], layout.global_batch, mesh)
         else:
@@ -123,7 +124,8 @@ def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch
             "train_batch": held_bytes(train_batch), "eval_batch": held_bytes(eval_inputs),
             "compiled_flops": compiled_flops(train), "kernels": kernels(train),
             "counted_flops": objective.flops_per_example * layout.global_batch / mesh.size,
-            "compile_s": (train_s, eval_s), "second": "generation" if sampling else "eval"}
+            "compile_s": (train_s, eval_s), "second": "generation" if sampling else "eval",
+            **({"frozen": held_bytes(objective.frozen)} if objective.frozen is not None else {})}
 
 
 def compile_sampling(sampler, prompt_length, params, rows, mesh):
@@ -141,9 +143,9 @@ def compile_sampling(sampler, prompt_length, params, rows, mesh):
 
 def totals(r):
     """(train step, eval step) bytes per device: everything the compiler places for the step (its arguments hold
-    the train state and the batch); the eval step's plus the optimizer state it runs beside."""
+    the train state and the batch); the eval step's plus the optimizer state (and a live teacher) it runs beside."""
     train = sum(r["train"].values())
-    return train, sum(r["eval"].values()) + r["optimizer"]
+    return train, sum(r["eval"].values()) + r["optimizer"] + r.get("frozen", 0)
 
 
 def report(target, r, what):
@@ -151,8 +153,10 @@ def report(target, r, what):
     gib = lambda b: f"{b / GIB:.3f}" if b == 0 or b >= GIB / 1000 else "<0.001"  # noqa: E731
     train, evaluate = totals(r)
     hbm = target.hbm_bytes
-    others = r["train"]["arguments"] - r["params"] - r["optimizer"] - r["train_batch"]
+    frozen = r.get("frozen", 0)  # a live teacher's params (run_distill.py --mode gkd), held beside both steps
+    others = r["train"]["arguments"] - r["params"] - r["optimizer"] - r["train_batch"] - frozen
     rows = [("parameters", gib(r["params"]), gib(r["params"])),
+            *([("teacher parameters", gib(frozen), gib(frozen))] if frozen else []),
             ("optimizer state", gib(r["optimizer"]), gib(r["optimizer"])),  # the eval step runs beside it
             ("batch", gib(r["train_batch"]), gib(r["eval_batch"])),
             ("temporaries", gib(r["train"]["temporaries"]), gib(r["eval"]["temporaries"])),

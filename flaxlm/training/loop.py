@@ -47,7 +47,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
 
     def compiled(phase):
         return compile_train_step(objective.loss_sums, phases[phase].tx, layout, shardings,
-                                  trainable=phases[phase].trainable)
+                                  trainable=phases[phase].trainable, frozen=objective.frozen)
     train_step = compiled(phase)
     seed = saver.seed
     evaluate = Evaluator(objective, mesh, shardings["params"], eval_batch, seed, log)
@@ -77,7 +77,8 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                     train_step = compiled(phase)
                     say(f"step {step + 1}: every parameter trains from here on (the frozen ones' optimizer state "
                         f"starts now)")
-                state, metrics = train_step(state, batch, jax.random.fold_in(base_key, step))
+                key = jax.random.fold_in(base_key, step)
+                state, metrics = train_step(state, batch, key, *objective.frozen_args())  # frozen: a teacher
                 done = step + 1
                 if hasattr(train_rows, "step_metrics"):  # figures of the rows themselves (GRPO: rewards, lengths)
                     metrics = {**metrics, **train_rows.step_metrics(step)}

@@ -31,6 +31,13 @@ class Objective:
     # eval_sums(params, batch) -> sums with 'weight_sum', what an evaluation adds up instead of loss_sums in eval mode
     # (GRPO: no loss on held-out prompts, only what `metrics` makes of the completions `predict` samples)
     eval_sums: Optional[Callable] = None
+    # frozen: arrays on the mesh that the train step reads and never trains (a distillation's teacher params, placed
+    # as the student's); with it, loss_sums(params, batch, dropout_key, frozen). Evaluation never sees them.
+    frozen: Optional[object] = None
+
+    def frozen_args(self):
+        """What the train step takes after (state, batch, key): (frozen,) or ()."""
+        return () if self.frozen is None else (self.frozen,)
 
 
 def collate_rng(seed, split, index):

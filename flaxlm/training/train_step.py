@@ -26,27 +26,27 @@ def make_train_step(loss_sums, tx, accum_steps, trainable=None):
     """(state, batch, key) -> (state, metrics). With accumulation, batch leaves are [accum, B, ...]. trainable: a
     tree of bools like the params (--train_only's first phase): the gradient stops at the others (zero, never
     computed), so the gradient norm (clipping, the log) is the trained parameters'."""
-    def grads_and_sums(params, batch, key):
+    def grads_and_sums(params, batch, key, *frozen):
         def f(p):
             if trainable is not None:
                 p = jax.tree.map(lambda x, t: x if t else jax.lax.stop_gradient(x), p, trainable)
-            sums = loss_sums(p, batch, key)
+            sums = loss_sums(p, batch, key, *frozen)
             return sums["loss_sum"], sums
         (_, sums), grads = jax.value_and_grad(f, has_aux=True)(params)
         return grads, sums
 
-    def step(state, batch, key):
+    def step(state, batch, key, *frozen):  # frozen: (the Objective's frozen arrays,) or ()
         params = state["params"]
         if accum_steps == 1:
-            grads, sums = grads_and_sums(params, batch, key)
+            grads, sums = grads_and_sums(params, batch, key, *frozen)
         else:
             def body(carry, xs):
                 i, micro = xs
-                out = grads_and_sums(params, micro, jax.random.fold_in(key, i))
+                out = grads_and_sums(params, micro, jax.random.fold_in(key, i), *frozen)
                 return jax.tree.map(jnp.add, carry, out), None
             first = jax.tree.map(lambda x: x[0], batch)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                 jax.eval_shape(grads_and_sums, params, first, key))
+                                 jax.eval_shape(grads_and_sums, params, first, key, *frozen))
             (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(accum_steps), batch))
         count = jnp.maximum(sums["weight_sum"], 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)  # loss = sum over the global batch / global count
@@ -132,13 +132,15 @@ class BatchLayout:
                 f"{self.piece_rows * self.chunks // self.devices} x {self.accumulation_steps} accumulation{chunks})")
 
 
-def compile_train_step(loss_sums, tx, layout, shardings, donate=True, trainable=None):
+def compile_train_step(loss_sums, tx, layout, shardings, donate=True, trainable=None, frozen=None):
     """make_train_step jitted over the mesh: the state placed as `shardings` (initial_state's) and, when
-    `donate`, updated in place; the batch as `layout` says; the metrics whole on every device."""
+    `donate`, updated in place; the batch as `layout` says; the metrics whole on every device. frozen: the
+    Objective's frozen arrays (or their ShapeDtypeStructs), taken after the key where they are placed."""
     mesh = layout.sharding.mesh
     repl = meshlib.replicated(mesh)
+    frozen_shardings = () if frozen is None else (jax.tree.map(lambda x: x.sharding, frozen),)
     return meshlib.on_mesh(jax.jit(make_train_step(loss_sums, tx, layout.accum, trainable),
-                                   in_shardings=(shardings, layout.sharding, repl),
+                                   in_shardings=(shardings, layout.sharding, repl, *frozen_shardings),
                                    out_shardings=(shardings, repl), donate_argnums=0 if donate else ()), mesh)
 
 
