@@ -93,14 +93,27 @@ def last_answer(trained):
     return out
 
 
+def keep_ends(seqs, max_length):
+    """(ids, trained) sequences cut to their last max_length tokens, as TRL's GKD collator keeps a long conversation's
+    end (its oldest prompt tokens go first, never its answer), those left without a prompt token dropped (nothing to
+    sample from; TRL stops there): (the sequences, how many were cut, how many of those dropped)."""
+    kept = [(ids[-max_length:], trained[-max_length:]) for ids, trained in seqs]
+    out = [(ids, trained) for ids, trained in kept if not trained[0]]
+    return out, sum(len(ids) > max_length for ids, _ in seqs), len(kept) - len(out)
+
+
 def conversation_rows(examples, tokenizer, template, max_length, pad_id, gkd, packing):
-    """{split: sft rows}: conversations encoded as run_sft.py's; gkd: one a row, only the last answer taught."""
+    """{split: sft rows}: conversations encoded as run_sft.py's; gkd: one a row, only the last answer taught, a long
+    one's end kept (keep_ends)."""
     from flaxlm.data.chat_rows import encode, report_line, sft_rows
     out = {}
     for split, split_examples in examples.items():
         seqs = [encode(tokenizer, template, e) for e in split_examples]
         if gkd:
-            seqs = [(ids, list(last_answer(trained))) for ids, trained in seqs]
+            seqs, cut, dropped = keep_ends([(ids, list(last_answer(t))) for ids, t in seqs], max_length)
+            if cut:
+                print(f"{split}: {cut} conversations longer than {max_length} tokens lost their oldest ones"
+                      + (f", {dropped} of them their whole prompt (left out)" if dropped else ""), flush=True)
         out[split], report = sft_rows(seqs, max_length, pad_id, packing and not gkd)
         print(report_line(split, report, len(out[split]["input_ids"]), max_length), flush=True)
     return out
