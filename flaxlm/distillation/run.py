@@ -120,7 +120,7 @@ def conversation_rows(examples, tokenizer, template, max_length, pad_id, gkd, pa
 
 
 def text_rows(source, data_args, prep, tokenizer, max_length, args, prompt_length):
-    """{split: rows} of text in blocks of max_length (documents joined by EOS, as run_clm_flax.py), or of
+    """{split: rows} of text in blocks of max_length, exactly as run_clm_flax.py makes them by default, or of
     --prepared_data; the training split as TextRows (a tokenized dataset read a batch at a time), the held-out one
     in memory. prompt_length: the tokens of a row that only prompt (gkd), 0 for offline."""
     from flaxlm.data import prepared, rows, text_mixture
