@@ -116,8 +116,9 @@ def main(argv=None):
         store_dir = distill.teacher_logits or os.path.join(args.output_dir, "teacher_logits")
         teacher_config, teacher_graphdef, teacher_params = run.load_teacher(model_args, distill, args, mesh, None,
                                                                             tokenizer)
-        taught = run.offline_rows(store_dir, rows["train"], distill, teacher_config, teacher_graphdef,
-                                  teacher_params, eval_batch, mesh, pad_id)
+        vocab_size = min(config.vocab_size, teacher_config.vocab_size)  # the tokens both have
+        taught = run.offline_rows(store_dir, rows["train"], distill, vocab_size, teacher_graphdef, teacher_params,
+                                  eval_batch, mesh, pad_id)
         del teacher_params  # the teacher is never held while the student trains
         train_rows = ShuffledRows(taught, global_batch, args.seed)
     total_steps = total_train_steps(args, train_rows)

@@ -14,7 +14,9 @@ import re
 import sys
 
 MASK = "***"
-SECRET_NAME = re.compile(r"(?:^|_)(?:token|key|apikey|secret|password|passwd|credentials?)(?:_|$)", re.IGNORECASE)
+# (a model config's num_key_value_heads, create_config.py --set, is no key: "key_value" is left out)
+SECRET_NAME = re.compile(r"(?:^|_)(?:token|key(?!_value)|apikey|secret|password|passwd|credentials?)(?:_|$)",
+                         re.IGNORECASE)
 # A shorter value of a secret-named variable is a switch (HF_HUB_DISABLE_IMPLICIT_TOKEN=1), not a secret: masked in
 # a flag's place on the command line, never hunted for inside other text.
 MIN_LENGTH = 8

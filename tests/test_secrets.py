@@ -151,7 +151,7 @@ def test_secret_names():
     secret = ["token", "hub_token", "HF_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD", "client_secret",
               "task.model.token", "--hub-token"]
     not_secret = ["tokenizer_name", "max_new_tokens", "label_all_tokens", "TOKENIZERS_PARALLELISM", "keys_column",
-                  "monkey", "output_dir"]
+                  "monkey", "output_dir", "num_key_value_heads"]
     assert [n for n in secret + not_secret if secrets.is_secret(n)] == secret
     declared = {f.name for f in all_options.declared_fields()}
     assert {n for n in declared if secrets.is_secret(n)} == {"token", "hub_token"}  # a new secret option: add it here

@@ -149,8 +149,9 @@ def text_rows(source, data_args, prep, tokenizer, max_length, args, prompt_lengt
     return out
 
 
-def offline_rows(path, rows, distill, teacher_config, teacher_graphdef, teacher_params, eval_batch, mesh, pad_id):
-    """The training rows joined with the teacher's top k: read from the store in `path` when it holds them, else
+def offline_rows(path, rows, distill, vocab_size, teacher_graphdef, teacher_params, eval_batch, mesh, pad_id):
+    """The training rows joined with the teacher's top k over the first vocab_size tokens (the vocabulary student and
+    teacher share: a config may pad its table further): read from the store in `path` when it holds them, else
     computed there (with the teacher given, let go afterwards by the caller)."""
     from flaxlm.data.rows import num_rows
     from flaxlm.distillation.teacher_store import TaughtRows, compute_store, open_store, teacher_identity
@@ -158,26 +159,27 @@ def offline_rows(path, rows, distill, teacher_config, teacher_graphdef, teacher_
     from flaxlm.training import mesh as meshlib
     k, temperature = distill.top_k, temperature_of(distill)
     teacher = teacher_identity(distill.teacher_model_name_or_path)
-    store = open_store(path, rows, k, temperature, teacher, teacher_config.vocab_size)
+    store = open_store(path, rows, k, temperature, teacher, vocab_size)
     if store is not None:
         say(f"the teacher's top-{k} log-probabilities: {path} (computed by an earlier run)")
     else:
-        score = top_k_scorer(teacher_graphdef, teacher_params, k, temperature, eval_batch, mesh, pad_id)
-        store = compute_store(path, rows, k, temperature, teacher, teacher_config.vocab_size, score,
+        score = top_k_scorer(teacher_graphdef, teacher_params, k, temperature, eval_batch, mesh, pad_id, vocab_size)
+        store = compute_store(path, rows, k, temperature, teacher, vocab_size, score,
                               is_main=meshlib.is_main_process())
         say(f"the teacher's top-{k} log-probabilities of {num_rows(rows)} rows, computed once, in {path}")
     return TaughtRows(rows, store, k)
 
 
-def top_k_scorer(graphdef, params, k, temperature, eval_batch, mesh, pad_id):
-    """rows -> (ids, logps) numpy [n, L - 1, k]: the teacher's top k at each position, on all devices (eval mode)."""
+def top_k_scorer(graphdef, params, k, temperature, eval_batch, mesh, pad_id, vocab_size=None):
+    """rows -> (ids, logps) numpy [n, L - 1, k]: the teacher's top k at each position, on all devices (eval mode),
+    its distribution over the first vocab_size tokens (default: all of its own)."""
     from flaxlm.objectives.distill import collate, logits_of
     from flaxlm.objectives.distill_losses import teacher_top_k
     from flaxlm.training.evaluation import collect_predictions
     from flaxlm.training.objective import Objective
 
     def predict(p, batch):
-        ids, logps = teacher_top_k(logits_of(graphdef, p, batch), k, temperature)
+        ids, logps = teacher_top_k(logits_of(graphdef, p, batch)[..., :vocab_size], k, temperature)
         return {"ids": ids, "logps": logps}
     scoring = Objective(loss_sums=None, collate=collate, pad_id=pad_id, weights_key="label_weights",
                         flops_per_example=0, tokens_per_example=0, predict=predict)

@@ -61,7 +61,7 @@ def _expected(rows, k, temperature, teacher, vocab_size):
     length = take_rows(rows, np.arange(1))["input_ids"].shape[1]
     return {"format": FORMAT, "version": VERSION, "rows": num_rows(rows), "length": int(length), "k": int(k),
             "temperature": float(temperature), "teacher": teacher, "rows_fingerprint": rows_fingerprint(rows),
-            "shard_rows": SHARD_ROWS, "ids_dtype": _ids_dtype(vocab_size).str}
+            "shard_rows": SHARD_ROWS, "vocab_size": int(vocab_size), "ids_dtype": _ids_dtype(vocab_size).str}
 
 
 def _ids_dtype(vocab_size):
@@ -79,7 +79,8 @@ def open_store(path, rows, k, temperature, teacher, vocab_size):
     with open(manifest_path) as f:
         found = json.load(f)
     want = _expected(rows, k, temperature, teacher, vocab_size)
-    differ = [name for name in ("format", "version", "rows", "length", "temperature", "teacher", "rows_fingerprint")
+    differ = [name for name in ("format", "version", "rows", "length", "temperature", "teacher", "rows_fingerprint",
+                                "vocab_size")
               if found.get(name) != want[name]]
     if found.get("k", 0) < k:
         differ.append(f"k ({found.get('k')} stored, {k} asked)")
