@@ -185,7 +185,7 @@ class RouterStatistics(Carried):
         zero = jnp.zeros((), jnp.float32)
         super().__init__(dict(counts_E=jnp.zeros((num_experts,), jnp.float32),
                               probs_E=jnp.zeros((num_experts,), jnp.float32), rows=zero, z_sum=zero, load_max=zero,
-                              load_min=jnp.ones((), jnp.float32)))
+                              load_min=jnp.ones((), jnp.float32), layers=zero))
         self.mask_M = None if mask_M is None else mask_M.reshape(-1).astype(jnp.float32)
 
     def add_layer(self, logits_ME, experts_MK):
@@ -200,7 +200,7 @@ class RouterStatistics(Carried):
                           rows=v["rows"] + w_M.sum(),
                           z_sum=v["z_sum"] + (jax.nn.logsumexp(logits_ME, -1) ** 2 * w_M).sum(),
                           load_max=jnp.maximum(v["load_max"], share_E.max()),
-                          load_min=jnp.minimum(v["load_min"], share_E.min()))
+                          load_min=jnp.minimum(v["load_min"], share_E.min()), layers=v["layers"] + 1)
 
 
 def statistics(router_logits, k, mask_M=None):
