@@ -72,7 +72,7 @@ def model_dir(w, name, tok, shape, positions, vocab_size=None, weights=False):
     if done(out, "model.safetensors" if weights else "config.json"):
         return out
     shutil.copytree(tok, out, dirs_exist_ok=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=False)
     config = transformers.GPT2Config(**shape, vocab_size=vocab_size or len(tokenizer), n_positions=positions,
                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -105,7 +105,7 @@ def compiled_steps(a, student_dir, teacher_dir):
     from flaxlm.rl.sampling import Sampler
     from flaxlm.training.mesh import make_mesh, replicated
     mesh = make_mesh()
-    tok = AutoTokenizer.from_pretrained(student_dir)
+    tok = AutoTokenizer.from_pretrained(student_dir, trust_remote_code=False)
     tok.model_max_length = 10 ** 9  # the text whole, cut into blocks here: no truncation warning
     with open(a.train_file, encoding="utf-8") as f:
         ids = tok(f.read()[:200_000])["input_ids"]

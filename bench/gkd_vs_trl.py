@@ -99,7 +99,7 @@ def checkpoints(a, w, text, log):
                                     "--eval_steps", str(steps), "--save_steps", str(steps), "--seed", str(a.seed),
                                     "--report_to", "none", "--overwrite_output_dir"], log)
             from transformers import AutoTokenizer
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
             tokenizer.chat_template = PLAIN_TEMPLATE
             tokenizer.save_pretrained(path)
         out[name] = path
@@ -164,14 +164,15 @@ def theirs(a, w, ckpt, files, lmbda):
         def on_step_end(self, args, state, control, **kwargs):
             steps.append((trainer.sampled, 1000 * (time.perf_counter() - self.t0)))
 
-    tokenizer = AutoTokenizer.from_pretrained(ckpt["student"])
+    tokenizer = AutoTokenizer.from_pretrained(ckpt["student"], trust_remote_code=False)
     args = GKDConfig(output_dir=os.path.join(w, "trl-tmp"), report_to="none", use_cpu=True, bf16=False, seed=a.seed,
                      per_device_train_batch_size=a.batch, max_length=a.max_length, lmbda=lmbda, beta=a.beta,
                      temperature=a.temperature, max_new_tokens=a.max_new_tokens, learning_rate=a.learning_rate,
                      max_steps=a.steps, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0,
                      max_grad_norm=1.0, logging_steps=a.steps, save_strategy="no", dataloader_num_workers=0)
-    trainer = Timed(model=AutoModelForCausalLM.from_pretrained(ckpt["student"]),
-                    teacher_model=AutoModelForCausalLM.from_pretrained(ckpt["teacher"]), args=args,
+    trainer = Timed(model=AutoModelForCausalLM.from_pretrained(ckpt["student"], trust_remote_code=False),
+                    teacher_model=AutoModelForCausalLM.from_pretrained(ckpt["teacher"], trust_remote_code=False),
+                    args=args,
                     processing_class=tokenizer, train_dataset=load_dataset("json", data_files=files["train"])["train"],
                     callbacks=[StepTimes()])
     t0 = time.perf_counter()
@@ -195,7 +196,7 @@ def heldout_scores(model_dir, teacher, tokenizer, convs, a):
     from trl.experimental.gkd import GKDTrainer
     from flaxlm.data.chat_rows import encode
     from flaxlm.data.conversations import Example
-    student = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    student = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=False).eval()
     seqs = [encode(tokenizer, PLAIN_TEMPLATE, Example(messages=m)) for m in convs]
 
     def score(seqs):  # (jsd sum, loss sum, tokens) over each sequence's taught tokens, right-padded batches
@@ -268,8 +269,8 @@ def main(argv=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     torch.set_num_threads(a.torch_threads)
-    tokenizer = AutoTokenizer.from_pretrained(ckpt["student"])
-    teacher = AutoModelForCausalLM.from_pretrained(ckpt["teacher"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(ckpt["student"], trust_remote_code=False)
+    teacher = AutoModelForCausalLM.from_pretrained(ckpt["teacher"], trust_remote_code=False).eval()
     with open(files["heldout"], encoding="utf-8") as f:
         convs = [json.loads(line)["messages"] for line in f]
     before = heldout_scores(ckpt["student"], teacher, tokenizer, convs, a)
