@@ -87,10 +87,13 @@ def open_store(path, rows, k, temperature, teacher, vocab_size):
     if differ:
         raise UserError(f"--teacher_logits {path} holds the top-k of other {', '.join(differ)}; pass an empty "
                         f"directory (or none: OUTPUT_DIR/teacher_logits), or the options it was computed with")
-    if not found.get("complete"):
-        return None
-    shards = range(-(-found["rows"] // found["shard_rows"]))
-    return {"manifest": found, "ids": [np.load(_shard_path(path, s, "ids"), mmap_mode="r") for s in shards],
+    return _mapped(path, found) if found.get("complete") else None
+
+
+def _mapped(path, manifest):
+    """open_store's view of the finished store `manifest` describes: its shards memory-mapped."""
+    shards = range(-(-manifest["rows"] // manifest["shard_rows"]))
+    return {"manifest": manifest, "ids": [np.load(_shard_path(path, s, "ids"), mmap_mode="r") for s in shards],
             "logps": [np.load(_shard_path(path, s, "logps"), mmap_mode="r") for s in shards]}
 
 
@@ -113,9 +116,10 @@ def compute_store(path, rows, k, temperature, teacher, vocab_size, score, is_mai
         if is_main:
             _write_npy(_shard_path(path, s, "logps"), logps.astype(np.float16))
             _write_npy(_shard_path(path, s, "ids"), ids.astype(manifest["ids_dtype"]))
+    manifest["complete"] = True
     if is_main:
-        _write_json(os.path.join(path, MANIFEST), {**manifest, "complete": True})
-    return open_store(path, rows, k, temperature, teacher, vocab_size)
+        _write_json(os.path.join(path, MANIFEST), manifest)
+    return _mapped(path, manifest)  # (the rows hashed once: their fingerprint is in `manifest`)
 
 
 def store_bytes(path):
