@@ -27,3 +27,27 @@ def _quiet_libtpu_without_tpus():
 
 
 _quiet_libtpu_without_tpus()
+
+
+def _room_for_cpu_collectives():
+    """Give XLA:CPU's thread pool room for a collective when one host poses as N devices
+    (--xla_force_host_platform_device_count=N, or JAX_NUM_CPU_DEVICES=N): PJRT_NPROC at least max(cores, 2N).
+
+    Why: XLA:CPU (jaxlib 0.10) runs a program over N devices on one pool of max(cores, N) threads. Each device's
+    launch waits on that pool for a free slot of the device's 32 programs in flight, and an all-reduce needs all N
+    of its device programs on the pool at once. On a host with fewer than N cores the pool has exactly N threads:
+    once a loop has queued 32 programs ahead (an evaluation loop does, when the host outpaces the devices), one
+    thread waits for a slot while the other N-1 wait in the all-reduce for the device program that would free it,
+    and XLA aborts the process a minute later ("Termination timeout for `all reduce ...`", 7 of 8 arrived).
+    With 2N threads the N launches of one dispatch can all wait and still leave N threads for the collective.
+    docs/developers.md#the-test-suite has the evidence."""
+    import re
+    count = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    devices = int(count.group(1)) if count else int(os.environ.get("JAX_NUM_CPU_DEVICES") or 1)
+    given = os.environ.get("PJRT_NPROC", "")
+    if devices > 1 and not (given.isdigit() and int(given) >= 2 * devices):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["PJRT_NPROC"] = str(max(cores, 2 * devices))
+
+
+_room_for_cpu_collectives()

@@ -54,10 +54,14 @@ def eval_batches_on_device(objective, rows, global_batch, mesh, seed, desc="eval
 def evaluate(eval_step, params, objective, rows, global_batch, mesh, seed, predict_step=None):
     """Exact metrics over every validation row (padding rows count for nothing); with the objective's
     predict/metrics, also the metrics of its per-example outputs."""
-    totals, outputs = None, []
+    totals, previous, outputs = None, None, []
     for batch, real_G in eval_batches_on_device(objective, rows, global_batch, mesh, seed):
         sums = eval_step(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        # The host runs at most one batch ahead of the devices: a split of thousands of rows would otherwise queue
+        # every batch's inputs on the devices at once (and on XLA:CPU, 32 programs ahead can stall its collectives).
+        jax.block_until_ready(previous)
+        previous = totals
         if predict_step is not None:
             outputs.append(_real(predict_step(params, batch), real_G))
     totals = jax.device_get(totals)
