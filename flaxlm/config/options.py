@@ -873,7 +873,8 @@ class UpcycleArgs:
     model_name_or_path: str | None = option(help="dense model directory (or hub name) to upcycle: config.json, "
                                                  "weights, its tokenizer (qwen3)")
     output_dir: str | None = option(help="new, empty directory for the mixture-of-experts model and the tokenizer")
-    num_experts: int | None = option(minimum=1, help="experts per layer, each a copy of the dense layer's MLP")
+    num_experts: int | None = option(minimum=2, help="experts per layer (at least 2: one would be the dense model), "
+                                                   "each a copy of the dense layer's MLP")
     num_experts_per_tok: int | None = option(minimum=1, help="experts each token is routed to (at most "
                                                              "--num_experts)")
     router_init_std: float | None = option(minimum=0.0, help="standard deviation of the new routers' normal "
