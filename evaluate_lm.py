@@ -37,7 +37,8 @@ def read_documents(args):
         where = f"dataset {args.dataset_name}"
         import datasets
         try:
-            ds = datasets.load_dataset(args.dataset_name, args.dataset_config_name, split=args.dataset_split,
+            split = text.hub_split(args.dataset_name, args.dataset_config_name, args.dataset_split, args.cache_dir)
+            ds = datasets.load_dataset(args.dataset_name, args.dataset_config_name, split=split,
                                        cache_dir=args.cache_dir)
         except Exception as e:  # offline, unknown name, config or split
             raise UserError(f"could not load split {args.dataset_split} of dataset {args.dataset_name} "

@@ -85,6 +85,26 @@ def test_windows_predict_every_token_once_with_the_stride_as_context():
     assert document_windows([], 7, 16, 5) == [] and document_windows([3, 4], 7, 16, 5) == [([7, 3, 4], 1)]
 
 
+def test_a_hub_dataset_s_dev_split_is_its_validation_split(model_dir_for, text_file, tmp_path):
+    """--dataset_split validation of a dataset whose held-out split is named dev (as a treebank's is) reads it, as
+    every other script's hub loading does; the same texts score as they do from --validation_file."""
+    from flaxlm.models import create_model, load_config, split_model
+    from flaxlm.models.pretrained import save_pretrained
+    model = tmp_path / "model"
+    shutil.copytree(model_dir_for("gpt2-tiny"), model)
+    config = load_config(str(model))
+    save_pretrained(str(model), config, split_model(create_model(config, seed=0))[1])
+    hub = tmp_path / "treebank"
+    hub.mkdir()
+    (hub / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+                                   "    path: train.jsonl\n  - split: dev\n    path: dev.jsonl\n---\n")
+    (hub / "train.jsonl").write_text(json.dumps({"text": "not held out"}) + "\n")
+    (hub / "dev.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    flags = ["--model_name_or_path", str(model), "--max_length", "64"]
+    from_hub = evaluate_lm.main([*flags, "--dataset_name", str(hub), "--dataset_split", "validation"])
+    assert from_hub == evaluate_lm.main([*flags, "--validation_file", text_file])
+
+
 def test_the_byte_count_is_the_texts_whatever_the_tokenizer(model_dir_for, text_file, tmp_path):
     from flaxlm.models import create_model, load_config, split_model
     from flaxlm.models.pretrained import save_pretrained

@@ -243,6 +243,20 @@ def one_dataset(src):
 SPLIT_ALIASES = {"val": "validation", "dev": "validation"}  # EuroEval's datasets name their validation split val
 
 
+def hub_split(name, config, split, cache_dir=None):
+    """The name dataset `name` gives `split`, by load_hub's rule: asked for "validation", a dataset whose split is
+    named val or dev has it read (it is looked up only when the dataset has no split of that very name). Returns
+    `split` itself when the dataset's split names cannot be listed (offline, unknown name: loading it says why)."""
+    aliases = [alias for alias, canonical in SPLIT_ALIASES.items() if canonical == split]
+    if not aliases:
+        return split
+    try:
+        names = datasets.get_dataset_split_names(name, config, cache_dir=cache_dir)
+    except Exception:  # noqa: BLE001 (the load that follows names the problem)
+        return split
+    return split if split in names else next((a for a in aliases if a in names), split)
+
+
 def load_hub(src):
     """{split: dataset} of --dataset_name / --dataset_config_name (one dataset) through `datasets`: a hub name, a
     folder laid out as a hub dataset (its data files, its README's configs), or a folder `save_to_disk` wrote
