@@ -80,6 +80,8 @@ def main(argv=None):
     max_length = resolve_block_size(distill.max_length, None, tokenizer, config)  # --max_seq_length: its alias
     prompt_length = distill.max_prompt_length or max_length // 2  # gkd: the longest prompt sampled from
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if not gkd:
+        run.check_top_k(distill.top_k, min(config.vocab_size, teacher_config.vocab_size))
 
     # The objective; gkd: the teacher beside the student, and the samplers of each step's completions.
     if gkd:

@@ -232,6 +232,42 @@ def test_the_store_is_reused_with_another_alpha_and_a_smaller_k_and_refused_at_a
     assert mtimes(store) == written and (store / "manifest.json").read_text() == manifest
 
 
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "foreign", "manifest"])
+def test_a_damaged_store_is_refused_in_one_line_and_left_as_found(offline_run, student, teacher, corpus, tmp_path,
+                                                                  damage):
+    """--teacher_logits whose shard is cut short, gone, of another store's shape, or whose manifest is not one: one
+    line naming the file and the fix (delete the store), before any training; the store's files as they were."""
+    store = tmp_path / "store"
+    shutil.copytree(offline_run / "teacher_logits", store)
+    shard = store / "shard_00000.logps.npy"
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-100])
+    elif damage == "deleted":
+        shard.unlink()
+    elif damage == "foreign":
+        np.save(shard, np.zeros((3, LENGTH - 1, K), np.float16))
+    else:
+        shard = store / "manifest.json"
+        shard.write_text('{"format": ')
+    before = digest(store)
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=rf"^the teacher store {store} is damaged: {shard} .*; delete {store} ") as e:
+        run_distill.main(argv(student, teacher, corpus, out, "--teacher_logits", str(store), "--top_k", str(K)))
+    assert "\n" not in str(e.value)
+    assert digest(store) == before and not (out / "metrics.jsonl").exists()
+
+
+def test_a_top_k_above_the_vocabulary_is_refused_before_the_teacher(student, teacher, corpus, tmp_path, monkeypatch):
+    """--top_k over the 304 tokens both models have: one line, before the teacher is loaded or a store begun."""
+    from flaxlm.distillation import run
+    monkeypatch.setattr(run, "load_teacher", lambda *a, **k: pytest.fail("the teacher was loaded"))
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=r"^--top_k 400 is more than the 304 tokens of the vocabulary student and "
+                                        r"teacher share; pass at most 304$"):
+        run_distill.main(argv(student, teacher, corpus, out, "--top_k", "400"))
+    assert not (out / "teacher_logits").exists()
+
+
 @pytest.mark.parametrize("vocab_size", [288, 320])
 def test_a_teacher_of_another_vocabulary_is_refused_naming_both(model_dir_for, student, corpus, tmp_path,
                                                                 vocab_size):

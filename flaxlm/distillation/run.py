@@ -24,6 +24,13 @@ def check_settings(distill):
         raise UserError("--temperature 0 leaves no distribution to learn from; pass a positive temperature")
 
 
+def check_top_k(k, vocab_size):
+    """--top_k against the vocabulary student and teacher share (before the teacher is loaded, or a store begun)."""
+    if k > vocab_size:
+        raise UserError(f"--top_k {k} is more than the {vocab_size} tokens of the vocabulary student and teacher "
+                        f"share; pass at most {vocab_size}")
+
+
 def temperature_of(distill):
     return distill.temperature or DEFAULT_TEMPERATURE[distill.mode]
 

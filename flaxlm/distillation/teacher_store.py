@@ -76,8 +76,13 @@ def open_store(path, rows, k, temperature, teacher, vocab_size):
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.exists(manifest_path):
         return None
-    with open(manifest_path) as f:
-        found = json.load(f)
+    try:
+        with open(manifest_path) as f:
+            found = json.load(f)
+        if not isinstance(found, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:  # ValueError: json's decoding errors, UnicodeDecodeError
+        raise damaged(path, manifest_path, f"is not a store's manifest ({e})") from None
     want = _expected(rows, k, temperature, teacher, vocab_size)
     differ = [name for name in ("format", "version", "rows", "length", "temperature", "teacher", "rows_fingerprint",
                                 "vocab_size")
@@ -91,10 +96,40 @@ def open_store(path, rows, k, temperature, teacher, vocab_size):
 
 
 def _mapped(path, manifest):
-    """open_store's view of the finished store `manifest` describes: its shards memory-mapped."""
+    """open_store's view of the finished store `manifest` describes: its shards memory-mapped, each checked."""
     shards = range(-(-manifest["rows"] // manifest["shard_rows"]))
-    return {"manifest": manifest, "ids": [np.load(_shard_path(path, s, "ids"), mmap_mode="r") for s in shards],
-            "logps": [np.load(_shard_path(path, s, "logps"), mmap_mode="r") for s in shards]}
+    return {"manifest": manifest, "ids": [_open_shard(path, manifest, s, "ids") for s in shards],
+            "logps": [_open_shard(path, manifest, s, "logps") for s in shards]}
+
+
+def _shard_layout(manifest, s, what):
+    """(shape, dtype) the manifest gives shard s's `what` ("ids" or "logps")."""
+    rows = min(manifest["shard_rows"], manifest["rows"] - s * manifest["shard_rows"])
+    dtype = np.dtype(manifest["ids_dtype"]) if what == "ids" else np.dtype(np.float16)
+    return (rows, manifest["length"] - 1, manifest["k"]), dtype
+
+
+def _open_shard(path, manifest, s, what):
+    """Shard s's `what`, memory-mapped: UserError (damaged) when it is missing, cut short, not a .npy file, or of
+    another shape or type than the manifest says (a shard of another store)."""
+    file = _shard_path(path, s, what)
+    shape, dtype = _shard_layout(manifest, s, what)
+    try:
+        array = np.load(file, mmap_mode="r")
+    except FileNotFoundError:
+        raise damaged(path, file, "is missing") from None
+    except (OSError, ValueError) as e:  # numpy: "mmap length is greater than file size", not a .npy header
+        raise damaged(path, file, f"cannot be read ({str(e).strip() or type(e).__name__})") from None
+    if array.shape != shape or array.dtype != dtype:
+        raise damaged(path, file, f"holds {array.dtype} {list(array.shape)} where the manifest says {dtype} "
+                                  f"{list(shape)}")
+    return array
+
+
+def damaged(path, file, what):
+    """The UserError of a store whose file `file` is damaged; nothing in it is touched."""
+    return UserError(f"the teacher store {path} is damaged: {file} {what}; delete {path} (or pass another "
+                     f"--teacher_logits) to compute it again")
 
 
 def compute_store(path, rows, k, temperature, teacher, vocab_size, score, is_main=True):
@@ -102,14 +137,17 @@ def compute_store(path, rows, k, temperature, teacher, vocab_size, score, is_mai
     fingerprint kept), shard by shard: score(rows dict) -> (ids [n, L - 1, k], logps [n, L - 1, k]) on all devices
     (every process calls it; process 0 writes). Returns open_store's view of it."""
     manifest = _expected(rows, k, temperature, teacher, vocab_size)
+    n = manifest["rows"]
+    shards = range(-(-n // SHARD_ROWS))
+    # an earlier run of these rows wrote these (every process sees the same directory): each whole, or refused
+    done = {s for s in shards if all(os.path.exists(_shard_path(path, s, what)) for what in ("ids", "logps"))}
+    for s in done:
+        _open_shard(path, manifest, s, "ids"), _open_shard(path, manifest, s, "logps")
     if is_main:
         os.makedirs(path, exist_ok=True)
         _write_json(os.path.join(path, MANIFEST), {**manifest, "complete": False})
-    n = manifest["rows"]
-    shards = range(-(-n // SHARD_ROWS))
     for s in tqdm(shards, desc="teacher top-k", unit="shard"):
-        done = os.path.exists(_shard_path(path, s, "ids")) and os.path.exists(_shard_path(path, s, "logps"))
-        if done:  # an earlier run of these rows wrote it (every process sees the same directory)
+        if s in done:
             continue
         chunk = take_rows(rows, np.arange(s * SHARD_ROWS, min((s + 1) * SHARD_ROWS, n)))
         ids, logps = score({name: chunk[name] for name in ROW_FIELDS})
