@@ -268,6 +268,20 @@ def test_a_top_k_above_the_vocabulary_is_refused_before_the_teacher(student, tea
     assert not (out / "teacher_logits").exists()
 
 
+def test_gkd_on_plain_text_rows_says_they_have_no_prompt_whatever_the_length(teacher):
+    """--mode gkd on conversation data whose rows are plain text (no prompt to sample an answer from): one line
+    saying so, where "raise --max_length" would change nothing."""
+    from flaxlm.data.chat_template import CHATML
+    from flaxlm.data.conversations import example
+    from flaxlm.distillation.run import conversation_rows
+    from flaxlm.tokenization.loading import load_tokenizer
+    examples = {"train": [example({"text": f"{a} and {a + 1} make {2 * a + 1}."}, "test") for a in range(8)]}
+    for max_length in (64, 4096):
+        with pytest.raises(UserError, match="^none of the 8 train examples has a prompt before its answer .*; give "
+                                            "conversations"):
+            conversation_rows(examples, load_tokenizer(teacher), CHATML, max_length, 1, gkd=True, packing=False)
+
+
 @pytest.mark.parametrize("vocab_size", [288, 320])
 def test_a_teacher_of_another_vocabulary_is_refused_naming_both(model_dir_for, student, corpus, tmp_path,
                                                                 vocab_size):

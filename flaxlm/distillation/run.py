@@ -109,6 +109,16 @@ def keep_ends(seqs, max_length):
     return out, sum(len(ids) > max_length for ids, _ in seqs), len(kept) - len(out)
 
 
+def check_gkd_examples(seqs, split):
+    """UserError when no (ids, trained) example of `split` has what GKD needs, whatever --max_length: a prompt before
+    its answer to sample the answer from (plain text rows have none; an answer every example has, load_conversations
+    checks that)."""
+    if not any(any(trained) and not trained[0] for _, trained in seqs):
+        raise UserError(f"none of the {len(seqs)} {split} examples has a prompt before its answer (plain text rows "
+                        f"have none), and --mode gkd samples each answer from its prompt; give conversations "
+                        f"(\"messages\") or prompt/completion rows, or use --mode offline for text")
+
+
 def conversation_rows(examples, tokenizer, template, max_length, pad_id, gkd, packing):
     """{split: sft rows}: conversations encoded as run_sft.py's; gkd: one a row, only the last answer taught, a long
     one's end kept (keep_ends)."""
@@ -117,6 +127,7 @@ def conversation_rows(examples, tokenizer, template, max_length, pad_id, gkd, pa
     for split, split_examples in examples.items():
         seqs = [encode(tokenizer, template, e) for e in split_examples]
         if gkd:
+            check_gkd_examples(seqs, split)
             seqs, cut, dropped = keep_ends([(ids, list(last_answer(t))) for ids, t in seqs], max_length)
             if cut:
                 print(f"{split}: {cut} conversations longer than {max_length} tokens lost their oldest ones"
