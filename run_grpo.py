@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from flaxlm.config.options import DataArgs, GRPOArgs, LoraArgs, ModelArgs, TextSourceArgs, TrainingArgs  # noqa: E402
 from flaxlm.config.cli import parse_args  # noqa: E402
-from flaxlm.errors import run_main  # noqa: E402
+from flaxlm.errors import UserError, run_main  # noqa: E402
 
 
 def main(argv=None):
@@ -100,6 +100,11 @@ def main(argv=None):
                                                   prompt_length, tokenizer, rewards, grpo, pad_id)
     params = train_and_evaluate(args, model_args, params, objective, rollouts, eval_rows, total_steps, mesh,
                                 micro_batch, eval_batch, vocab_size=config.vocab_size)
+    if rollouts.rounds_sampled and not rollouts.rounds_scored:  # an untrained model is not exported as trained
+        raise UserError(f"no reward function scored a single completion in the {rollouts.rounds_sampled} rounds of "
+                        f"this run (each returned None): the model got no reward signal, so it was not exported "
+                        f"(the checkpoints in {args.output_dir} are kept); make the functions return numbers where "
+                        f"they apply")
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
            how=(f"trained with {grpo.loss_type} GRPO on the rewards {', '.join(f.name for f in rewards)} "
                 f"({grpo.num_generations} completions a prompt, importance sampling per "

@@ -22,6 +22,10 @@ def brevity(prompts, completions, completion_ids, answer, **kwargs):
 CALLS = []
 
 
+def never(prompts, completions, **kwargs):
+    return [None] * len(prompts)
+
+
 def broken(prompts, completions, **kwargs):
     CALLS.append(1)
     if len(CALLS) > 2:  # the third round's batch (and each completion of it, tried alone)
@@ -145,6 +149,23 @@ def test_a_failing_reward_function_is_one_line_naming_it_and_the_prompt_and_the_
     assert "saved step 2 to" in capsys.readouterr().out and (out / "checkpoints").exists()
     run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", "token_f1", "--resume_from_checkpoint", "latest"))
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4]  # steps 1-2 kept, 3-4 trained after the fix
+
+
+def test_rewards_that_never_apply_warn_each_round_and_export_nothing(checkpoint, data, tmp_path, capsys):
+    """A reward function that returns None (TRL's "does not apply") for every completion of every round: a warning
+    line a round, and exit 2 instead of an export of the untrained model; the checkpoints kept."""
+    out = tmp_path / "never"
+    with pytest.raises(UserError, match=r"^no reward function scored a single completion in the 2 rounds of this run "
+                                        r"\(each returned None\): the model got no reward signal, so it was not "
+                                        r"exported") as e:
+        run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", f"{data / 'rewards.py'}:never",
+                           "--max_steps", "2", "--do_eval", "false"))
+    assert "\n" not in str(e.value)
+    said = capsys.readouterr().out
+    assert [line for line in said.splitlines() if "no reward function scored any of round" in line] == [
+        f"warning: no reward function scored any of round {r}'s 8 completions (each returned None): its steps "
+        f"learn nothing; a function should return a number where it applies" for r in (1, 2)]
+    assert (out / "checkpoints").exists() and not (out / "model.safetensors").exists()
 
 
 def test_the_batch_must_hold_whole_groups(checkpoint, data, tmp_path):

@@ -225,6 +225,8 @@ def test_bad_reward_specs_are_one_line(tmp_path, specs, weights, options, messag
     (lambda prompts, **kw: [1.0], "'bad' returned 1 rewards for 3 completions"),
     (lambda prompts, **kw: 1.0, "'bad' returned a float for the batch"),
     (lambda prompts, **kw: [1.0, "1.0", 2.0], r"'bad' returned '1.0' for prompt 'Hvem skrev"),
+    (lambda prompts, **kw: [0.0, float("nan"), None], r"'bad' returned nan for prompt 'Hvem skrev Peer Gynt"),
+    (lambda prompts, **kw: [float("inf"), 0.0, 0.0], r"'bad' returned inf for prompt 'Hva er 1\+2"),
     (lambda prompts, **kw: [0.0] * 3, None),
 ])
 def test_bad_rewards_are_one_line(fn, message):

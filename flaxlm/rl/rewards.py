@@ -269,13 +269,19 @@ def _first_failing(f, prompts, completions, completion_ids, kwargs):
 
 
 def _number(r, name, prompt):
+    """A reward as float: None (TRL's "does not apply") is NaN; a NaN or infinite number is the function's bug."""
     if r is None:
         return np.nan
     if not isinstance(r, (str, bytes)):
         try:
-            return float(r)
+            value = float(r)
         except (TypeError, ValueError):
             pass
+        else:
+            if np.isfinite(value):
+                return value
+            raise UserError(f"the reward function '{name}' returned {value} for prompt {_show(prompt)}; return a "
+                            f"finite number, or None where it does not apply")
     raise UserError(f"the reward function '{name}' returned {_one_line_value(r)} for prompt {_show(prompt)}; return a "
                     f"number or None")
 

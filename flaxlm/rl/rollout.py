@@ -23,6 +23,7 @@ from flaxlm.data.prompts import decode_completions
 from flaxlm.data.rows import ShuffledRows
 from flaxlm.errors import UserError
 from flaxlm.rl.advantages import group_advantages
+from flaxlm.reporting.run_log import say
 from flaxlm.rl.rewards import score
 from flaxlm.rl.sampling import completion_masks
 from flaxlm.training import mesh as meshlib
@@ -58,6 +59,7 @@ class Rollouts:
         self.steps_per_epoch = self.order.steps_per_epoch * self.iterations
         self.output_dir, self.log_every = output_dir, log_every
         self.round, self.rows, self.metrics, self.samples = None, None, {}, None
+        self.rounds_sampled = self.rounds_scored = 0  # rounds this run sampled, and those some function scored
 
     def epoch_of(self, step):
         return step // self.steps_per_epoch
@@ -91,6 +93,12 @@ class Rollouts:
         prompts = [self.prompts[i].prompt for i in index]
         completions = decode_completions(self.tokenizer, prompts, ids_N)
         rewards_NF = score(self.rewards, prompts, completions, ids_N, [self.prompts[i].columns for i in index])
+        self.rounds_sampled += 1
+        if np.isnan(rewards_NF).all():  # every function said None to every completion: TRL warns, as here
+            say(f"warning: no reward function scored any of round {r + 1}'s {len(prompts)} completions (each "
+                f"returned None): its steps learn nothing; a function should return a number where it applies")
+        else:
+            self.rounds_scored += 1
         advantages_N, reward_metrics = group_advantages(rewards_NF, np.array([f.weight for f in self.rewards]),
                                                         self.G, self.settings.scale_rewards,
                                                         names=[f.name for f in self.rewards])
