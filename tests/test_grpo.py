@@ -22,6 +22,10 @@ def brevity(prompts, completions, completion_ids, answer, **kwargs):
 CALLS = []
 
 
+def boom(prompts, completions, **kwargs):
+    raise RuntimeError("boom")
+
+
 def never(prompts, completions, **kwargs):
     return [None] * len(prompts)
 
@@ -149,6 +153,20 @@ def test_a_failing_reward_function_is_one_line_naming_it_and_the_prompt_and_the_
     assert "saved step 2 to" in capsys.readouterr().out and (out / "checkpoints").exists()
     run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", "token_f1", "--resume_from_checkpoint", "latest"))
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4]  # steps 1-2 kept, 3-4 trained after the fix
+
+
+def test_a_reward_function_failing_in_the_first_round_says_the_rerun_that_works(checkpoint, data, tmp_path, capsys):
+    """Nothing trained, so no checkpoint: the line says to rerun with --overwrite_output_dir, and that rerun trains."""
+    out = tmp_path / "first"
+    with pytest.raises(UserError, match="reward function 'boom' failed"):
+        run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", f"{data / 'rewards.py'}:boom", "--max_steps", "1",
+                           "--do_eval", "false"))
+    said = capsys.readouterr().out
+    assert "nothing trained yet; once the error below is fixed, rerun the same command with --overwrite_output_dir" \
+        in said
+    run_grpo.main(argv(checkpoint, data, out, "--reward_funcs", "token_f1", "--max_steps", "1", "--do_eval", "false",
+                       "--overwrite_output_dir"))
+    assert [r["step"] for r in read_metrics(out)] == [1]
 
 
 def test_rewards_that_never_apply_warn_each_round_and_export_nothing(checkpoint, data, tmp_path, capsys):

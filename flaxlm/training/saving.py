@@ -16,6 +16,7 @@ class Saver:
         self.every, self.resume_from = args.save_steps, args.resume_from_checkpoint
         self.train_rows, self.global_batch = train_rows, global_batch
         self.seed = args.seed  # a resumed run continues with its checkpoint's seed
+        self.output_dir = args.output_dir
 
     def resume(self, state, log, like=None):
         """(first step, state): 0 and `state` for a fresh run; with --resume_from_checkpoint, the checkpoint's
@@ -63,6 +64,12 @@ class Saver:
         if step > start:
             say(f"saved step {step} to {self.checkpointer.path(step)}; once the error below is fixed, rerun the same "
                 f"command with --resume_from_checkpoint latest")
+        elif start:
+            say(f"nothing trained since step {start}; once the error below is fixed, rerun the same command (with its "
+                f"--resume_from_checkpoint)")
+        else:  # no checkpoint to resume from: the directory holds only this run's files
+            say(f"nothing trained yet; once the error below is fixed, rerun the same command with "
+                f"--overwrite_output_dir ({self.output_dir} holds only this run's files, no checkpoint)")
 
     def stop(self, signal_name, step, total_steps, state, progress):
         """On a signal after `step`: log the pending steps, save the step (unless just saved), and exit
