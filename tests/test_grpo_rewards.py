@@ -144,6 +144,20 @@ def test_prompts_load_with_their_columns(tmp_path):
     assert loaded == [Prompt(r["prompt"], {"answer": r["answer"], "id": r["id"]}) for r in records]
 
 
+@pytest.mark.parametrize("bad", [2, 7])
+def test_a_bad_prompt_is_named_by_its_record_in_the_users_file(tmp_path, bad):
+    """A record without a prompt, whether it lands among the training prompts or the held-out ones: named by its
+    number in the file (from 1), not by its place after the held-out ones are drawn."""
+    from flaxlm.config.options import TextSourceArgs
+    path = tmp_path / "train.jsonl"
+    records = [{"prompt": f"Hva er {i}+{i}?", "answer": str(2 * i)} for i in range(1, 11)]
+    records[bad - 1] = {"question": "Hva er 1+1?", "answer": "2"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(UserError, match=rf"^prompt {bad} of --train_file {path} has no 'prompt' \(its fields: answer, "
+                                        rf"question\)"):
+        load_prompts(TextSourceArgs(train_file=[str(path)]), 30, seed=0)
+
+
 def _score_one(name, completions, answers, options=BuiltInOptions()):
     func = load_reward_funcs([name], options=options)
     ids = [[1] * len(str(c)) for c in completions]
@@ -247,7 +261,7 @@ def test_a_missing_answer_column_names_the_option():
 
 
 @pytest.mark.parametrize("record, message", [
-    ({"messages": [{"role": "user", "content": "Hei"}]}, r"row 3 has no 'prompt' \(columns: messages\)"),
+    ({"messages": [{"role": "user", "content": "Hei"}]}, r"row 3 has no 'prompt' \(its fields: messages\)"),
     ({"prompt": "  "}, "row 3 has an empty prompt"),
     ({"prompt": []}, r"its 'prompt' is a list \(empty\)"),
     ({"prompt": 7}, "its 'prompt' is a int"),

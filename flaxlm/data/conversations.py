@@ -36,14 +36,18 @@ def load_conversations(source, validation_split_percentage, seed, max_train_samp
                         "supervised fine-tuning", "example", example, need_validation)
 
 
+RECORD = "__flaxlm_record__"  # the column read_splits numbers the records in
+
+
 def load_records(source, validation_split_percentage, seed, max_train_samples, max_eval_samples, what, noun, read,
                  need_validation=True):
-    """{split: [read(record, "NOUN i of WHERE")]} of a post-training task's files (`what`, for messages); no
-    "validation" without a validation set, a percentage of 0 and need_validation (sentence_data.read_splits)."""
+    """{split: [read(record, "NOUN n of WHERE")]} of a post-training task's files (`what`, for messages), n the
+    record's number in the user's file or dataset (from 1; a held-out one's in the training files); no "validation"
+    without a validation set, a percentage of 0 and need_validation (sentence_data.read_splits)."""
     splits, where = read_splits(source, validation_split_percentage, seed, False, max_train_samples,
-                                max_eval_samples, what, need_validation)
-    return {split: [read(record, f"{noun} {i} of {where[split]}") for i, record in enumerate(ds)]
-            for split, ds in splits.items()}
+                                max_eval_samples, what, need_validation, record_column=RECORD)
+    return {split: [read({k: v for k, v in record.items() if k != RECORD}, f"{noun} {record[RECORD]} of {where[split]}")
+                    for record in ds] for split, ds in splits.items()}
 
 
 def example(record, where):

@@ -49,7 +49,8 @@ def prompt_record(record, where):
     if isinstance(prompt, list) and prompt:
         return Prompt(checked_messages(prompt, where, "prompt"), columns)
     if prompt is None:
-        raise UserError(f"{where} has no 'prompt' (columns: {', '.join(record)}); give each record a 'prompt': a "
+        given = ", ".join(k for k, v in record.items() if v is not None)  # a JSON file's other rows add columns
+        raise UserError(f"{where} has no 'prompt' (its fields: {given}); give each record a 'prompt': a "
                         f"string or a list of {{role, content}} messages")
     raise UserError(f"{where}: its 'prompt' is a {type(prompt).__name__}{' (empty)' if prompt == [] else ''}; make it "
                     f"a string or a non-empty list of {{role, content}} messages")

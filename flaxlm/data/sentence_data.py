@@ -39,12 +39,13 @@ def load_examples(source, task, validation_split_percentage, seed, include_test=
 
 
 def read_splits(source, validation_split_percentage, seed, include_test, max_train_samples, max_eval_samples, what,
-                need_validation=True):
+                need_validation=True, record_column=None):
     """({"train", "validation"[, "test"]: Dataset}, {split: where they came from}) of a fine-tuning task (`what`,
     for messages) whose examples are held in memory: the files or dataset of `source` (TextSourceArgs), a seeded
     validation_split_percentage % of train held out when there is no validation set, each split cut to its
     maximum number of examples. Without a validation set and with a percentage of 0: no "validation" when
-    need_validation is False (a run with --do_eval false), else a UserError."""
+    need_validation is False (a run with --do_eval false), else a UserError. record_column: a column added, each
+    example's number (from 1) among the records of where it was read (the held-out ones: of the training files)."""
     if source.streaming:
         raise UserError(f"--streaming is not supported for {what} (the examples are held in memory); "
                         "drop --streaming")
@@ -55,13 +56,16 @@ def read_splits(source, validation_split_percentage, seed, include_test, max_tra
                         "--dataset_name NAME")
     with data.naming_bad_bytes(fresh=True):
         splits, where = _read_splits(source, include_test)
+        if record_column:
+            splits = {split: ds.add_column(record_column, list(range(1, len(ds) + 1))) for split, ds in splits.items()}
         if "validation" not in splits and (validation_split_percentage or need_validation):
             if not validation_split_percentage:
                 raise UserError(f"no validation examples: pass --validation_file FILE, or a "
                                 f"--validation_split_percentage above 0 to hold some of {where['train']} out")
             splits["train"], splits["validation"] = data.hold_out(splits["train"], validation_split_percentage,
                                                                    seed, where["train"])
-            where["validation"] = f"the held-out {validation_split_percentage}% of {where['train']}"
+            where["validation"] = where["train"] if record_column else \
+                f"the held-out {validation_split_percentage}% of {where['train']}"
     limits = {"train": max_train_samples, "validation": max_eval_samples, "test": max_eval_samples}
     return {split: ds if limits[split] is None else ds.select(range(min(limits[split], len(ds))))
             for split, ds in splits.items()}, where
