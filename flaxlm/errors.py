@@ -1,5 +1,6 @@
 """Errors a user can cause end in one clear line and exit code 2, never a traceback; neither that line nor the
 traceback of any other error shows a secret (flaxlm.secrets)."""
+import os
 import sys
 import traceback
 
@@ -10,12 +11,43 @@ class UserError(Exception):
     """A problem the user can fix (bad flag, bad path, bad data). The message names problem and fix."""
 
 
+_CREATED = []  # (directory, its topmost ancestor that did not exist) made for a run by make_dirs
+
+
+def make_dirs(path):
+    """os.makedirs(path, exist_ok=True), remembered: a run refused with a UserError (run_main) removes the
+    directories it made this way again, where they are still empty (a user's files are never touched)."""
+    path = os.path.abspath(path)
+    top = None
+    probe = path
+    while not os.path.exists(probe):
+        top, probe = probe, os.path.dirname(probe)
+    os.makedirs(path, exist_ok=True)
+    if top is not None:
+        _CREATED.append((path, top))
+
+
+def remove_empty_made_dirs():
+    """Remove the directories make_dirs made that are still empty, bottom up to the first one it made."""
+    while _CREATED:
+        path, top = _CREATED.pop()
+        while path.startswith(top):
+            try:
+                os.rmdir(path)  # only an empty directory
+            except OSError:
+                break
+            path = os.path.dirname(path)
+
+
 def run_main(main):
-    """Run a script's main(); a UserError becomes one line on stderr and exit code 2, any other error its traceback
-    (secrets masked: an error of a library may quote the token it was given) and exit code 1."""
+    """Run a script's main(); a UserError becomes one line on stderr and exit code 2 (the empty directories the run
+    made, removed), any other error its traceback (secrets masked: an error of a library may quote the token it
+    was given) and exit code 1."""
+    _CREATED.clear()
     try:
         main()
     except UserError as e:
+        remove_empty_made_dirs()
         print(f"error: {scrub(str(e))}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:

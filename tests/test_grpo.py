@@ -11,7 +11,7 @@ import pytest
 
 import run_grpo
 from run_helpers import read_metrics
-from flaxlm.errors import UserError
+from flaxlm.errors import UserError, run_main
 
 QUESTIONS = [{"prompt": f"Hva er {a}+{b}?", "answer": str(a + b)} for a in range(1, 7) for b in range(1, 5)]
 REWARDS = '''
@@ -186,9 +186,16 @@ def test_rewards_that_never_apply_warn_each_round_and_export_nothing(checkpoint,
     assert (out / "checkpoints").exists() and not (out / "model.safetensors").exists()
 
 
-def test_the_batch_must_hold_whole_groups(checkpoint, data, tmp_path):
-    with pytest.raises(UserError, match="no multiple of --num_generations 3"):
-        run_grpo.main(argv(checkpoint, data, tmp_path / "x", "--num_generations", "3"))
+def test_the_batch_must_hold_whole_groups_and_a_refused_run_leaves_no_directory(checkpoint, data, tmp_path, capsys):
+    """Refused after --output_dir was made (and the inputs read): exit 2, and the directories the run made gone."""
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: run_grpo.main(argv(checkpoint, data, tmp_path / "x" / "run", "--num_generations", "3")))
+    assert e.value.code == 2 and "no multiple of --num_generations 3" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "mine").mkdir()  # a directory of the user's, empty: kept
+    with pytest.raises(SystemExit):
+        run_main(lambda: run_grpo.main(argv(checkpoint, data, tmp_path / "mine", "--num_generations", "3")))
+    assert (tmp_path / "mine").is_dir()
 
 
 @pytest.mark.parametrize("flags", [[], ["--lora_rank", "4", "--beta", "0.04", "--num_iterations", "2"]],

@@ -4,7 +4,7 @@ missing network fails at once, not at the end)."""
 import os
 import tempfile
 
-from flaxlm.errors import UserError
+from flaxlm.errors import UserError, make_dirs
 from flaxlm.files import check_writable_dir
 
 
@@ -25,7 +25,7 @@ def prepare_output_dir(args):
                         f"to write into it (only flaxlm's own files are replaced), --resume_from_checkpoint latest "
                         f"to continue its run, or another --output_dir")
     try:
-        os.makedirs(path, exist_ok=True)
+        make_dirs(path)  # removed again if the run is refused before it writes anything (flaxlm.errors.run_main)
         tempfile.TemporaryFile(dir=path).close()
     except OSError as e:
         raise UserError(f"cannot write to output directory {path} ({e.strerror}); pick a writable "
