@@ -21,9 +21,16 @@ BLOOM = CASE["bloom-4-heads"]
 
 @pytest.mark.parametrize("heads", [4, 6, 8, 12, 16, 20])
 def test_alibi_slopes_are_transformers(heads):
-    """Powers of two and not (12, 20: the odd powers of the next power of two's base for the remaining heads)."""
+    """Powers of two and not (12, 20: the odd powers of the next power of two's base for the remaining heads). Ours
+    are the float64 powers of the float32 base rounded once to float32; transformers takes them with torch.pow in
+    float32 (transformers 5.25: one of 16 heads 1 ulp apart; 1 ulp at most over 1-128 heads)."""
     alibi = build_alibi_tensor(torch.ones(1, 3, dtype=torch.long), heads, torch.float32)  # [N, 1, 3]: slope * 0..2
-    np.testing.assert_array_equal(np.asarray(alibi_slopes(heads), np.float32), alibi[:, 0, 1].numpy())
+    ours = np.asarray(alibi_slopes(heads), np.float32)
+    np.testing.assert_array_max_ulp(ours, alibi[:, 0, 1].numpy(), maxulp=1)
+    n = 2 ** int(np.floor(np.log2(heads)))
+    exponents = np.concatenate([np.arange(1, n + 1), np.arange(1, 1 + 2 * (heads - n), 2)])
+    bases = np.where(np.arange(heads) < n, np.float32(2 ** (-8 / n)), np.float32(2 ** (-8 / (2 * n))))
+    np.testing.assert_array_equal(ours, (np.float64(bases) ** exponents).astype(np.float32))
 
 
 def test_slow_but_exact_is_refused():
