@@ -40,6 +40,10 @@ def _room_for_cpu_collectives():
     thread waits for a slot while the other N-1 wait in the all-reduce for the device program that would free it,
     and XLA aborts the process a minute later ("Termination timeout for `all reduce ...`", 7 of 8 arrived).
     With 2N threads the N launches of one dispatch can all wait and still leave N threads for the collective.
+    PJRT_NPROC also sizes XLA's pool for multi-threaded Eigen kernels (a matmul split over threads): 2N of them on
+    fewer cores slow every program (tests/test_moe.py on 2 cores: 110 s before, 131 s with 16 threads), and the N
+    device programs already keep the cores busy, so where PJRT_NPROC is raised past the cores those kernels run on one
+    thread each (--xla_cpu_multi_thread_eigen=false, 108 s) unless XLA_FLAGS chooses.
     docs/developers.md#the-test-suite has the evidence."""
     import re
     count = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
@@ -48,6 +52,9 @@ def _room_for_cpu_collectives():
     if devices > 1 and not (given.isdigit() and int(given) >= 2 * devices):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         os.environ["PJRT_NPROC"] = str(max(cores, 2 * devices))
+        flags = os.environ.get("XLA_FLAGS", "")
+        if 2 * devices > cores and "--xla_cpu_multi_thread_eigen" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
 
 
 _room_for_cpu_collectives()

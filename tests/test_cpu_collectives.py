@@ -1,5 +1,6 @@
 """import flaxlm gives XLA:CPU's thread pool room for a collective when the CPU poses as several devices
-(flaxlm/__init__.py, docs/developers.md#the-test-suite): PJRT_NPROC at least twice the device count."""
+(flaxlm/__init__.py, docs/developers.md#the-test-suite): PJRT_NPROC at least twice the device count, and, where that
+is more threads than cores, Eigen's kernels on one thread each (the pool's size is also theirs)."""
 import os
 import subprocess
 import sys
@@ -9,13 +10,14 @@ import pytest
 CORES = len(os.sched_getaffinity(0))
 
 
-def pool_size(env):
-    """PJRT_NPROC after `import flaxlm` in a fresh process with `env` (beside PATH)."""
-    code = "import flaxlm, os; print(os.environ.get('PJRT_NPROC'))"
+def after_import(env):
+    """PJRT_NPROC and XLA_FLAGS after `import flaxlm` in a fresh process with `env` (beside PATH)."""
+    code = "import flaxlm, os; print(os.environ.get('PJRT_NPROC')); print(os.environ.get('XLA_FLAGS', ''))"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", code], env={"PATH": os.environ["PATH"], **env}, cwd=root,
                           capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+    pool, flags = done.stdout.split("\n")[:2]
+    return pool, flags
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -27,8 +29,18 @@ def pool_size(env):
     ({}, "None"),
 ])
 def test_the_pool_has_twice_the_devices(env, expected):
-    assert pool_size(env) == expected
+    pool, flags = after_import(env)
+    assert pool == expected
+    single = "--xla_cpu_multi_thread_eigen=false" in flags.split()
+    assert single == (pool not in ("None", env.get("PJRT_NPROC")) and int(pool) > CORES)  # raised past the cores
+    assert flags.startswith(env.get("XLA_FLAGS", ""))  # the user's flags kept as given
+
+
+def test_a_choice_of_eigen_threads_is_kept():
+    _, flags = after_import({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=true"})
+    assert "=false" not in flags
 
 
 def test_the_suite_runs_with_the_room():
     assert int(os.environ["PJRT_NPROC"]) >= 16  # conftest's 8 devices, set before JAX started
+    assert ("--xla_cpu_multi_thread_eigen=false" in os.environ["XLA_FLAGS"]) == (CORES < 16)
