@@ -1,6 +1,6 @@
 """The Pallas splash kernel (flaxlm.models.splash) in interpret mode on this CPU against XLA attention, in float32:
-outputs and gradients for every mask the families use, over 8 devices; and every family whose attention it can
-compute, compiled for a TPU v5e-8 with it (libtpu's compiler), its train step calling the kernel."""
+outputs and gradients for every mask the families use, over 8 devices; and a family of each kind of attention it
+computes, compiled for a TPU v5e-8 with it (libtpu's compiler), its train step calling the kernel."""
 import json
 import shutil
 
@@ -116,11 +116,21 @@ def test_splash_asked_for_a_model_it_cannot_compute_says_so_in_one_line(preset, 
 
 
 SPLASH = [t for t, f in FAMILIES.items() if not f.no_splash]
+# one family for each kind of attention the kernel computes: bidirectional with padding (BERT), causal with grouped
+# queries (Llama), a sliding window (Mistral), soft-capping and alternating windows (Gemma 2), bidirectional local
+# windows (ModernBERT), attention beside a mixture's experts (Qwen3-MoE). That every family hands its attention
+# implementation to each attention call is tests/test_layer_stack.py's check, on CPU, for all of them; that each
+# family compiles for a TPU slice, tests/test_compile_for_families.py's.
+KINDS = ["bert", "llama", "mistral", "gemma2", "modernbert", "qwen3_moe"]
 NO_DROPOUT = {"attention_probs_dropout_prob": 0.0, "attention_dropout": 0.0, "attn_pdrop": 0.0}
 
 
+def test_each_kind_is_a_family_splash_takes():
+    assert set(KINDS) <= set(SPLASH)
+
+
 @needs_libtpu
-@pytest.mark.parametrize("model_type", SPLASH)
+@pytest.mark.parametrize("model_type", KINDS)
 def test_with_splash_attention_the_tpu_program_calls_the_kernel(model_type, model_dir_for, corpus, tmp_path):
     """Rows of 128 (one block), attention dropout off (splash cannot drop out probabilities): the compiled train step
     calls the Pallas kernel, forward and backward."""
