@@ -51,7 +51,8 @@ def main(argv=None):
     # The objective: every token predicted from the ones before it.
     block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
     objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
-                              head_chunk_rows=args.lm_head_chunk_rows, separate_documents=clm_args.separate_documents)
+                              head_chunk_rows=args.lm_head_chunk_rows, separate_documents=clm_args.separate_documents,
+                              z_loss=args.z_loss)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
                          token_rows(block_size, tokenizer), config.vocab_size)
@@ -77,7 +78,7 @@ def main(argv=None):
 
     # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
+                                micro_batch, eval_batch, test_rows, config=config)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM", lora=lora,

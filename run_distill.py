@@ -80,8 +80,17 @@ def main(argv=None):
     max_length = resolve_block_size(distill.max_length, None, tokenizer, config)  # --max_seq_length: its alias
     prompt_length = distill.max_prompt_length or max_length // 2  # gkd: the longest prompt sampled from
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if not gkd:
+    run.check_lengths(distill, max_length, prompt_length, teacher_config)  # every option against the models, before
+    if not gkd:                                                             # any teacher work
         run.check_top_k(distill.top_k, min(config.vocab_size, teacher_config.vocab_size))
+
+    # The rows (text in blocks, or conversations), checked before any teacher work.
+    if target:
+        rows = None
+    elif text:
+        rows = run.text_rows(source, data_args, prep, tokenizer, max_length, args, prompt_length if gkd else 0)
+    else:
+        rows = run.conversation_rows(examples, tokenizer, template, max_length, pad_id, gkd, distill.packing)
 
     # The objective; gkd: the teacher beside the student, and the samplers of each step's completions.
     if gkd:
@@ -101,11 +110,7 @@ def main(argv=None):
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch, rows,
                          config.vocab_size, **(dict(sampler=sampler, prompt_length=prompt_length) if gkd else {}))
 
-    # Rows -> (offline) the teacher's top k of each, once -> the rows of each step.
-    if text:
-        rows = run.text_rows(source, data_args, prep, tokenizer, max_length, args, prompt_length if gkd else 0)
-    else:
-        rows = run.conversation_rows(examples, tokenizer, template, max_length, pad_id, gkd, distill.packing)
+    # The teacher's top k of each training row, once (offline) -> the rows of each step.
     start_fresh(args)  # inputs all read
     if gkd:
         teacher_sampler = Sampler(teacher_graphdef, mesh, max_new_tokens=distill.max_new_tokens,
@@ -127,7 +132,7 @@ def main(argv=None):
 
     # Train, evaluating the student's next-token loss on the held-out rows; export with a card naming the teacher.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
-                                mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
+                                mesh, micro_batch, eval_batch, config=config)
     how = (f"distilled on-policy from {distill.teacher_model_name_or_path} (GKD: beta {distill.beta:g}, lmbda "
            f"{distill.lmbda:g}{', seq_kd' if distill.seq_kd else ''}; run_distill.py)" if gkd else
            f"distilled from {distill.teacher_model_name_or_path}'s top-{distill.top_k} log-probabilities (alpha "

@@ -93,7 +93,7 @@ def main(argv=None):
 
     # Train, evaluating the loss and TRL's rewards on the held-out pairs.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
-                                mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
+                                mesh, micro_batch, eval_batch, config=config)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
            how=f"preference-tuned with {dpo_args.loss_type} DPO (beta {dpo_args.beta}; run_dpo.py)", lora=lora,
            merge_lora=lora_args.merge_lora, merge_dtype=lora_args.merge_dtype)

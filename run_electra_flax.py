@@ -92,7 +92,7 @@ def main(argv=None):
 
     # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows, vocab_size=disc_config.vocab_size)
+                                micro_batch, eval_batch, test_rows, config=disc_config)
 
     # Export in Hugging Face format: the generator under generator/, then the discriminator (and --push_to_hub).
     if params is not None:  # None: an evaluation job (--eval_checkpoints) exports nothing

@@ -37,7 +37,7 @@ def main(argv=None):
     from flaxlm.objectives.grpo import grpo_objective
     from flaxlm.planning.compile_for import check_fit, compile_target
     from flaxlm.rl.evaluation import with_reward_evaluation
-    from flaxlm.rl.rewards import BuiltInOptions, load_reward_funcs
+    from flaxlm.rl.rewards import BuiltInOptions, check_answer_column, load_reward_funcs
     from flaxlm.rl.rollout import Rollouts
     from flaxlm.rl.run import check_settings, completion_scorer, placeholder_completions, prompt_length_of
     from flaxlm.rl.sampling import Sampler
@@ -57,6 +57,8 @@ def main(argv=None):
                                                max_train_samples=data_args.max_train_samples,
                                                max_eval_samples=data_args.max_eval_samples,
                                                need_validation=args.do_eval)  # --do_eval false: none needed
+    if prompts is not None:
+        check_answer_column(rewards, prompts, grpo.answer_column)
     tokenizer = load_run_tokenizer(model_args)
     conversational = prompts is not None and any(not isinstance(p.prompt, str) for ps in prompts.values() for p in ps)
     template = resolve_template(tokenizer, grpo.chat_template) if conversational or grpo.chat_template else None
@@ -99,7 +101,7 @@ def main(argv=None):
     objective, eval_rows = with_reward_evaluation(objective, graphdef, prompts.get("validation"), ids.get("validation"),
                                                   prompt_length, tokenizer, rewards, grpo, pad_id)
     params = train_and_evaluate(args, model_args, params, objective, rollouts, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, vocab_size=config.vocab_size)
+                                micro_batch, eval_batch, config=config)
     if rollouts.rounds_sampled and not rollouts.rounds_scored:  # an untrained model is not exported as trained
         raise UserError(f"no reward function scored a single completion in the {rollouts.rounds_sampled} rounds of "
                         f"this run (each returned None): the model got no reward signal, so it was not exported "

@@ -52,7 +52,7 @@ def main(argv=None):
                                                 starts_word_V=starts_word_V, ends_word_V=ends_word_V)
     else:
         masker = MLMMasker.from_tokenizer(tokenizer, seq_len, data_args.mlm_probability)
-    objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows)
+    objective = mlm_objective(graphdef, config, masker, seq_len, args.lm_head_chunk_rows, args.z_loss)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
                          token_rows(seq_len, tokenizer), config.vocab_size)
@@ -77,7 +77,7 @@ def main(argv=None):
 
     # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
+                                micro_batch, eval_batch, test_rows, config=config)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForMaskedLM")

@@ -72,7 +72,7 @@ def main(argv=None):
 
     # Train: start/end cross-entropy; evaluation reports exact match and F1 over the validation questions.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_windows and eval_windows[1],
-                                total_steps, mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
+                                total_steps, mesh, micro_batch, eval_batch, config=config)
     if params is None:
         return  # an evaluation job (--eval_checkpoints): nothing to write
 

@@ -91,7 +91,7 @@ def main(argv=None):
 
     # Train; every evaluation: the loss, then generation and its BLEU / chrF / ROUGE.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
-                                mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
+                                mesh, micro_batch, eval_batch, config=config)
     if params is None:  # --eval_checkpoints: an evaluation job
         return
 

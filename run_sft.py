@@ -67,7 +67,8 @@ def main(argv=None):
 
     # The objective: the trained tokens predicted from the ones before them.
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    objective = sft_objective(graphdef, config, params, max_length, pad_id, head_chunk_rows=args.lm_head_chunk_rows)
+    objective = sft_objective(graphdef, config, params, max_length, pad_id, head_chunk_rows=args.lm_head_chunk_rows,
+                              z_loss=args.z_loss)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
                          placeholder_rows(max_length, len(tokenizer)), config.vocab_size)
@@ -84,7 +85,7 @@ def main(argv=None):
 
     # Train, evaluating the loss on the held-out answers.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
-                                mesh, micro_batch, eval_batch, vocab_size=config.vocab_size)
+                                mesh, micro_batch, eval_batch, config=config)
     export(args, model_args, config, params, tokenizer, "transformers.AutoModelForCausalLM",
            how="supervised fine-tuned on conversations (run_sft.py)", lora=lora, merge_lora=lora_args.merge_lora,
            merge_dtype=lora_args.merge_dtype)

@@ -51,7 +51,7 @@ def main(argv=None):
     corruptor = SpanCorruptor.from_tokenizer(tokenizer, inputs_length, data_args.mlm_probability,
                                              span_args.mean_noise_span_length,
                                              decoder_start_token_id=config.decoder_start_token_id)
-    objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows)
+    objective = span_objective(graphdef, config, corruptor, args.lm_head_chunk_rows, args.z_loss)
     if target:  # compile the steps for the slice, print what each device holds; exit 2 unless they fit
         return check_fit(target, args, model_args, params, objective, mesh, micro_batch, eval_batch,
                          token_rows(corruptor.raw_length, tokenizer), config.vocab_size)
@@ -76,7 +76,7 @@ def main(argv=None):
 
     # Train.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh,
-                                micro_batch, eval_batch, test_rows, vocab_size=config.vocab_size)
+                                micro_batch, eval_batch, test_rows, config=config)
 
     # Export in Hugging Face format.
     export(args, model_args, config, params, tokenizer, f"transformers.{family_of(config).architecture}")

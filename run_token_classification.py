@@ -83,7 +83,7 @@ def main(argv=None):
 
     # Train, evaluating the loss and the word-level metrics over the whole validation set.
     params = train_and_evaluate(args, model_args, params, objective, train_rows, rows.get("validation"), total_steps,
-                                mesh, micro_batch, eval_batch, labeled_test, vocab_size=config.vocab_size)
+                                mesh, micro_batch, eval_batch, labeled_test, config=config)
     if params is None:  # --eval_checkpoints: an evaluation job
         return
 

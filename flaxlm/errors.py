@@ -39,6 +39,14 @@ def remove_empty_made_dirs():
             path = os.path.dirname(path)
 
 
+def end_progress_bars():
+    """Close the tqdm bars still open (an error raised inside the training loop's), so that what is printed next
+    starts a line of its own instead of trailing the bar's."""
+    tqdm = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    for bar in list(getattr(tqdm, "_instances", None) or ()):
+        bar.close()
+
+
 def run_main(main):
     """Run a script's main(); a UserError becomes one line on stderr and exit code 2 (the empty directories the run
     made, removed), any other error its traceback (secrets masked: an error of a library may quote the token it
@@ -48,6 +56,7 @@ def run_main(main):
         main()
     except UserError as e:
         remove_empty_made_dirs()
+        end_progress_bars()
         print(f"error: {scrub(str(e))}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:

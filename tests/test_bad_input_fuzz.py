@@ -81,6 +81,27 @@ def env(tmp_path_factory, corpus):
     e.json_list = model_dir("json_list", {"config.json": b"[1, 2]"})
     e.wrong_value = model_dir("wrong_value", {"config.json": b'{"model_type": "gpt2", "n_layer": "two"}'})
     e.no_weights = model_dir("no_weights", {"config.json": config_json, **tokenizer})
+    # run_distill.py's teachers: another tokenizer (T5's), positions fewer than --max_length
+    t5_tokenizer = {f: (root / "t5" / f).read_bytes() for f in os.listdir(root / "t5") if f != "config.json"}
+    e.other_vocab = model_dir("other_vocab", {"config.json": config_json, **t5_tokenizer})
+    e.short_teacher = model_dir("short_teacher", {"config.json": json.dumps(
+        {**json.loads(config_json), "n_positions": 8}).encode(), **tokenizer, "model.safetensors": weights})
+    # upcycle_moe.py's dense Qwen3, the same without a tokenizer, a mixture already, windows on one layer of two
+    e.qwen3 = str(root / "qwen3")
+    create_config.main(["--preset", "qwen3-tiny", "--tokenizer_name", e.gpt2, "--output_dir", e.qwen3])
+    qwen3 = load_config(e.qwen3)
+    save_pretrained(e.qwen3, qwen3, split_model(create_model(qwen3))[1])
+    for f, data in tokenizer.items():
+        (root / "qwen3" / f).write_bytes(data)
+    qwen3_json = json.loads((root / "qwen3" / "config.json").read_bytes())
+    assert qwen3_json["num_hidden_layers"] == 2
+    e.qwen3_bare = model_dir("qwen3_bare", {f: (root / "qwen3" / f).read_bytes()
+                                            for f in ("config.json", "model.safetensors")})
+    e.qwen3_moe = str(root / "qwen3_moe")
+    create_config.main(["--preset", "qwen3-moe-tiny", "--tokenizer_name", e.gpt2, "--output_dir", e.qwen3_moe])
+    e.mixed_windows = model_dir("mixed_windows", {**tokenizer, "config.json": json.dumps(
+        {**qwen3_json, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1,
+         "layer_types": ["full_attention", "sliding_attention"]}).encode()})
 
     files = {
         "non_utf8.txt": b"good line one\nabc \xff\xfe def\ngood line three\n",
@@ -95,6 +116,14 @@ def env(tmp_path_factory, corpus):
         "unknown.yaml": b"learning_rat: 3\n", "binary.yaml": b"seed: \xff\xfe\n",
         "python_tag.yaml": b"seed: !!python/object/apply:os.system ['echo owned']\n",
         "prompts_non_utf8.txt": b"hello\nabc \xff def\n",
+        # run_grpo.py's prompts and reward functions; run_distill.py's conversations that are plain text
+        "prompts.jsonl": "".join(json.dumps({"prompt": f"Hva er {a}+2?", "answer": str(a + 2)}) + "\n"
+                                 for a in range(8)).encode(),
+        "no_prompt.jsonl": b'{"prompt": "Hva er 1+1?", "answer": "2"}\n{"prompt": "Hva er 2+1?", "answer": "3"}\n'
+                           b'{"question": "Hva er 3+1?", "answer": "4"}\n',
+        "rewards.py": b"def short(prompts, completions, **kwargs):\n    return [-len(c) for c in completions]\n",
+        "plain.jsonl": "".join(json.dumps({"text": f"{a} and {a + 1} make {2 * a + 1}."}) + "\n"
+                               for a in range(8)).encode(),
     }
     for name, data in files.items():
         (inputs / name).write_bytes(data)
@@ -138,6 +167,17 @@ def base_flags(script, e, out):
         return {"output_dir": out, "overwrite_output_dir": True, "preset": "gpt2-tiny", "tokenizer_name": e.gpt2}
     if script == "generate":
         return {"model_name_or_path": e.gen, "prompt": "hello", "max_new_tokens": 2}
+    new = os.path.join(out, "new")  # the newest scripts: a directory the run would make, which a refusal must not
+    if script == "run_grpo":
+        return {"output_dir": new, "model_name_or_path": e.gen, "train_file": inp(e, "prompts.jsonl"),
+                "reward_funcs": "token_f1", "num_generations": 2, "max_completion_length": 4, "max_steps": 1,
+                "per_device_train_batch_size": 1, "do_eval": "false", "report_to": "none"}
+    if script == "run_distill":
+        return {"output_dir": new, "model_name_or_path": e.gen, "teacher_model_name_or_path": e.gen,
+                "train_file": e.train, "max_length": 16, "top_k": 4, "max_steps": 1, "per_device_train_batch_size": 1,
+                "do_eval": "false", "report_to": "none"}
+    if script == "upcycle_moe":
+        return {"output_dir": new, "model_name_or_path": e.qwen3, "num_experts": 4, "num_experts_per_tok": 2}
     return {}  # fill_mask, fill_spans: positional arguments only
 
 
@@ -172,12 +212,15 @@ def unwritable(out, monkeypatch):
 # (script -> yaml text with a value of the wrong type for one of its own options)
 WRONG_TYPE_YAML = {"run_clm_flax": "max_steps: 1.5\n", "run_mlm_flax": "max_steps: 1.5\n",
                    "run_t5_mlm_flax": "max_steps: 1.5\n", "train_tokenizer": "vocab_size: many\n",
-                   "create_config": "list_presets: maybe\n", "generate": "max_new_tokens: 1.5\n"}
+                   "create_config": "list_presets: maybe\n", "generate": "max_new_tokens: 1.5\n",
+                   "run_grpo": "num_generations: 1.5\n", "run_distill": "top_k: 1.5\n",
+                   "upcycle_moe": "num_experts: many\n"}
 
 
 # (script -> one of its single-valued options)
 SCALAR = {"run_clm_flax": "seed", "run_mlm_flax": "seed", "run_t5_mlm_flax": "seed", "train_tokenizer": "vocab_size",
-          "create_config": "preset", "generate": "seed"}
+          "create_config": "preset", "generate": "seed", "run_grpo": "seed", "run_distill": "seed",
+          "upcycle_moe": "num_experts"}
 
 
 def common_cases(script):
@@ -283,6 +326,20 @@ def training_cases(script):
              r"already exists and is not empty; pass --overwrite_output_dir"),
         Case(s, "read-only output dir", lambda e: {}, r"cannot write to .*Permission denied", read_only),
         Case(s, "unwritable output dir", lambda e: {}, r"cannot write to .*Permission denied", unwritable),
+        # resuming: checked before the output directory is made
+        Case(s, "resume with no checkpoint", lambda e: {"output_dir": os.path.join(e.root, "fresh"),
+                                                         "resume_from_checkpoint": "latest"},
+             r"--resume_from_checkpoint latest: no checkpoint in .*fresh/checkpoints; train without it first"),
+        Case(s, "resume from a directory that is no checkpoint", lambda e: {"resume_from_checkpoint": e.inputs},
+             r"--resume_from_checkpoint .*inputs is not a checkpoint directory"),
+        # the optimizer and its schedule: checked before any work
+        Case(s, "an optimizer flaxlm lacks", lambda e: {"optim": "lion_32bit"},
+             r"--optim lion_32bit is not one of flaxlm's optimizers; pass adamw, adafactor, muon"),
+        Case(s, "a schedule transformers lacks", lambda e: {"lr_scheduler_type": "cosinus"},
+             r"--lr_scheduler_type cosinus is not one of transformers' schedules"),
+        Case(s, "a schedule's setting it does not take", lambda e: {"lr_scheduler_kwargs": '{"num_cycle": 1}'},
+             r"--lr_scheduler_kwargs: linear takes no num_cycle \(it takes: none\)"),
+        Case(s, "a negative z-loss", lambda e: {"z_loss": -1}, r"--z_loss -1(\.0)? is out of range"),
     ]
 
 
@@ -374,6 +431,77 @@ def generate_cases():
     ]
 
 
+def grpo_cases():
+    s = "run_grpo"
+    return [
+        Case(s, "batch of no whole groups", lambda e: {"num_generations": 3},
+             r"global batch of 8 completions .* is no multiple of --num_generations 3; make it one"),
+        Case(s, "a prompt record without its prompt", lambda e: {"train_file": inp(e, "no_prompt.jsonl")},
+             r"prompt 3 of .*no_prompt\.jsonl has no 'prompt' \(its fields: answer, question\)"),
+        Case(s, "reward file missing", lambda e: {"reward_funcs": inp(e, "nope.py") + ":short"},
+             r"--reward_funcs .*nope\.py:short: no file .*nope\.py"),
+        Case(s, "reward function not in its file", lambda e: {"reward_funcs": inp(e, "rewards.py") + ":long"},
+             r"--reward_funcs .*rewards\.py:long: no 'long' in it \(callables there: short\)"),
+        Case(s, "unknown built-in reward", lambda e: {"reward_funcs": "acuracy"},
+             r"--reward_funcs acuracy: no built-in reward of that name"),
+        Case(s, "a weight for each of two rewards", lambda e: {"positional": ["--reward_weights", "1", "2"]},
+             r"--reward_weights gives 2 weights for 1 reward functions"),
+        Case(s, "an answer column the prompts lack", lambda e: {"answer_column": "solution"},
+             r"the reward token_f1 needs the column 'solution' in the data \(columns: answer\)"),
+        Case(s, "top p above 1", lambda e: {"top_p": 1.5}, r"--top_p 1\.5"),
+        Case(s, "resume with no checkpoint", lambda e: {"resume_from_checkpoint": "latest"},
+             r"--resume_from_checkpoint latest: no checkpoint in"),
+        Case(s, "model dir missing", lambda e: {"model_name_or_path": os.path.join(e.root, "nope")},
+             r"directory .*nope does not exist"),
+    ]
+
+
+def distill_cases():
+    s = "run_distill"
+    return [
+        Case(s, "top k above the vocabulary", lambda e: {"top_k": 400},
+             r"--top_k 400 is more than the \d+ tokens of the vocabulary student and teacher share"),
+        Case(s, "alpha above 1", lambda e: {"alpha": 1.5}, r"--alpha 1\.5 is a share and lies in \[0, 1\]"),
+        Case(s, "temperature 0", lambda e: {"temperature": 0}, r"--temperature 0 leaves no distribution to learn from"),
+        Case(s, "teacher dir missing", lambda e: {"teacher_model_name_or_path": os.path.join(e.root, "nope")},
+             r"nope does not exist"),
+        Case(s, "teacher not a decoder", lambda e: {"teacher_model_name_or_path": e.roberta},
+             r"holds a roberta model, which does not"),
+        Case(s, "teacher of another vocabulary", lambda e: {"teacher_model_name_or_path": e.other_vocab},
+             r"the teacher's vocabulary \(.*other_vocab: \d+ tokens\) is not the student's"),
+        Case(s, "rows longer than the teacher's positions", lambda e: {"teacher_model_name_or_path": e.short_teacher},
+             r"--max_length 16 is longer than the teacher's 8 positions \(.*short_teacher, config\.json\); pass "
+             r"--max_length 8 or less"),
+        Case(s, "gkd: a prompt and its completion past --max_length", lambda e: {"mode": "gkd", "max_new_tokens": 20},
+             r"--max_prompt_length 8 \+ --max_new_tokens 20 exceeds --max_length 16"),
+        Case(s, "gkd on plain text",
+             lambda e: {"mode": "gkd", "max_new_tokens": 4, "train_file": inp(e, "plain.jsonl")},
+             r"none of the \d+ train examples has a prompt before its answer"),
+        Case(s, "rows that the teacher store cannot index", lambda e: {"streaming": True},
+             r"run_distill\.py trains on fixed rows"),
+    ]
+
+
+def upcycle_cases():
+    s = "upcycle_moe"
+    return [
+        Case(s, "one expert", lambda e: {"num_experts": 1, "num_experts_per_tok": 1},
+             r"--num_experts 1 is out of range; it must be at least 2"),
+        Case(s, "more experts a token than experts", lambda e: {"num_experts_per_tok": 5},
+             r"--num_experts_per_tok 5 is more than --num_experts 4"),
+        Case(s, "a family with no mixture sibling", lambda e: {"model_name_or_path": e.gen},
+             r"no mixture-of-experts sibling"),
+        Case(s, "a mixture already", lambda e: {"model_name_or_path": e.qwen3_moe}, r"a mixture of experts already"),
+        Case(s, "windows on some layers", lambda e: {"model_name_or_path": e.mixed_windows},
+             r"sliding windows \[None, 4\]"),
+        Case(s, "model without a tokenizer", lambda e: {"model_name_or_path": e.qwen3_bare}, r"no tokenizer"),
+        Case(s, "model dir missing", lambda e: {"model_name_or_path": os.path.join(e.root, "nope")},
+             r"nope does not exist"),
+        Case(s, "output dir not empty", lambda e: {"output_dir": e.inputs},
+             r"already exists and is not empty"),
+    ]
+
+
 def fill_cases(script):
     what = "extra_id_0" if script == "fill_spans" else "mask"
     return [
@@ -384,14 +512,18 @@ def fill_cases(script):
 
 
 CASES = ([c for s in ("run_clm_flax", "run_mlm_flax", "run_t5_mlm_flax", "train_tokenizer", "create_config",
-                      "generate") for c in common_cases(s)]
+                      "generate", "run_grpo", "run_distill", "upcycle_moe") for c in common_cases(s)]
          + [c for s in TRAINING for c in training_cases(s)]
-         + tokenizer_cases() + config_cases() + generate_cases() + fill_cases("fill_mask") + fill_cases("fill_spans"))
+         + tokenizer_cases() + config_cases() + generate_cases() + fill_cases("fill_mask") + fill_cases("fill_spans")
+         + grpo_cases() + distill_cases() + upcycle_cases())
 # one case per script, run as a real process: exit code and stderr end to end
 SUBPROCESS = {"run_clm_flax": "tokenizer dir without a tokenizer", "run_mlm_flax": "non-UTF-8 csv",
               "run_t5_mlm_flax": "config.json not JSON", "train_tokenizer": "non-UTF-8 streamed",
               "create_config": "yaml syntax error", "generate": "prompt file not UTF-8",
-              "fill_mask": "model dir without config.json", "fill_spans": "no arguments"}
+              "fill_mask": "model dir without config.json", "fill_spans": "no arguments",
+              "run_grpo": "a prompt record without its prompt",
+              "run_distill": "rows longer than the teacher's positions",
+              "upcycle_moe": "one expert"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -399,12 +531,14 @@ SUBPROCESS = {"run_clm_flax": "tokenizer dir without a tokenizer", "run_mlm_flax
 
 
 def snapshot(*roots):
-    """{path: sha256} of every file under the roots (a root that is a file counts as one)."""
+    """{path: sha256} of every file under the roots (a root that is a file counts as one), {path: "directory"} of
+    every directory: a refused run leaves no directory it made, empty or not."""
     out = {}
     for root in roots:
         if os.path.isfile(root):
             out[root] = hashlib.sha256(open(root, "rb").read()).hexdigest()
         for d, _, files in os.walk(root):
+            out[d] = "directory"
             for f in files:
                 p = os.path.join(d, f)
                 with open(p, "rb") as fh:
@@ -457,6 +591,9 @@ def test_bad_input(case, env, tmp_path, capsys, monkeypatch):
     argv = case_argv(case, env, out)
     if case.setup:
         case.setup(out, monkeypatch)
+    if case.script == "run_distill":  # every option is checked against the models before any teacher work
+        from flaxlm.distillation import run
+        monkeypatch.setattr(run, "load_teacher", lambda *a, **k: pytest.fail("the teacher was loaded"))
     before = snapshot(env.root, out)
     try:
         code, err = run_in_process(case.script, argv, capsys, monkeypatch)
@@ -483,7 +620,8 @@ def test_case_count(capsys):
     """Every script has cases; the count goes to the terminal (the closing note of a run quotes it)."""
     per_script = collections.Counter(c.script for c in CASES)
     assert set(per_script) == {"run_clm_flax", "run_mlm_flax", "run_t5_mlm_flax", "train_tokenizer",
-                               "create_config", "generate", "fill_mask", "fill_spans"}
+                               "create_config", "generate", "fill_mask", "fill_spans", "run_grpo", "run_distill",
+                               "upcycle_moe"}
     assert len({(c.script, c.name) for c in CASES}) == len(CASES)
     listing = ", ".join(f"{script} {n}" for script, n in sorted(per_script.items()))
     with capsys.disabled():

@@ -257,17 +257,6 @@ def test_a_damaged_store_is_refused_in_one_line_and_left_as_found(offline_run, s
     assert digest(store) == before and not (out / "metrics.jsonl").exists()
 
 
-def test_a_top_k_above_the_vocabulary_is_refused_before_the_teacher(student, teacher, corpus, tmp_path, monkeypatch):
-    """--top_k over the 304 tokens both models have: one line, before the teacher is loaded or a store begun."""
-    from flaxlm.distillation import run
-    monkeypatch.setattr(run, "load_teacher", lambda *a, **k: pytest.fail("the teacher was loaded"))
-    out = tmp_path / "run"
-    with pytest.raises(UserError, match=r"^--top_k 400 is more than the 304 tokens of the vocabulary student and "
-                                        r"teacher share; pass at most 304$"):
-        run_distill.main(argv(student, teacher, corpus, out, "--top_k", "400"))
-    assert not (out / "teacher_logits").exists()
-
-
 def test_gkd_on_plain_text_rows_says_they_have_no_prompt_whatever_the_length(teacher):
     """--mode gkd on conversation data whose rows are plain text (no prompt to sample an answer from): one line
     saying so, where "raise --max_length" would change nothing."""

@@ -19,10 +19,12 @@ from flaxlm.objectives.span_lm import span_objective
 B, T, D, V = 3, 11, 16, 50  # 11 positions: not a multiple of the chunks' positions below
 
 
-def plain_sums(logits_BTV, labels_BT, weights_BT):
+def plain_sums(logits_BTV, labels_BT, weights_BT, z_loss=0.0):
+    """PaLM's z-loss as MaxText's cross_entropy_with_logits computes it: z_loss * logsumexp(logits)^2 a row."""
     xent_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, labels_BT)
+    z_BT = z_loss * jnp.square(jax.nn.logsumexp(logits_BTV, axis=-1))
     correct_BT = jnp.take_along_axis(logits_BTV, labels_BT[..., None], axis=-1)[..., 0] >= logits_BTV.max(-1)
-    return (xent_BT * weights_BT).sum(), (correct_BT * weights_BT).sum()
+    return ((xent_BT + z_BT) * weights_BT).sum(), (correct_BT * weights_BT).sum(), (z_BT * weights_BT).sum()
 
 
 def logits_of(h_BTD, weight, tied, bias=None, softcap=None):
@@ -54,25 +56,28 @@ def assert_close(a, b, tol=1e-5):
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 # chunk_rows 3, 7, 10, 256: 1, 2 (padded), 3 (padded), 11 positions per chunk; 0: one chunk. softcap 2.0 (Gemma 2's
-# final soft-capping): the raw logits (std ~3) reach tanh's bend
-@pytest.mark.parametrize("chunk_rows,softcap", [(3, None), (7, None), (10, None), (256, None), (None, None),
-                                                (0, None), (3, 2.0), (None, 2.0)])
-def test_values_and_gradients_match_optax(tied, with_bias, chunk_rows, softcap):
+# final soft-capping): the raw logits (std ~3) reach tanh's bend. z_loss 0.01 (PaLM's 1e-4, raised so that its part
+# of the gradient, ~2 * 0.01 * logsumexp ~ 0.1 of the softmax's, is well above the tolerance)
+@pytest.mark.parametrize("chunk_rows,softcap,z_loss", [(3, None, 0), (7, None, 0), (10, None, 0), (256, None, 0),
+                                                       (None, None, 0), (0, None, 0), (3, 2.0, 0), (None, 2.0, 0),
+                                                       (7, None, 0.01), (3, 2.0, 0.01)])
+def test_values_and_gradients_match_optax(tied, with_bias, chunk_rows, softcap, z_loss):
     h, weight, bias, labels, weights = problem(tied)
     bias = bias if with_bias else None
     labels = with_correct_rows(labels, logits_of(h, weight, tied, bias, softcap))
 
     def fused(h, weight, bias, weights):
         return head_xent(h, weight, labels, weights, tied=tied, bias_V=bias, chunk_rows=chunk_rows, shards=1,
-                         softcap=softcap)
+                         softcap=softcap, z_loss=z_loss)
 
     def plain(h, weight, bias, weights):
-        return plain_sums(logits_of(h, weight, tied, bias, softcap), labels, weights)
+        return plain_sums(logits_of(h, weight, tied, bias, softcap), labels, weights, z_loss)
 
     args = (h, weight, bias, weights)
     for ours, ref in zip(jax.jit(fused)(*args), plain(*args)):
         assert_close(ours, ref)
     assert float(fused(*args)[1]) >= 2 * B  # the rows set up to be correct count
+    assert (float(fused(*args)[2]) > 0) == bool(z_loss)
 
     def objective(f):  # both outputs with distinct cotangents; accuracy's only reaches the row weights
         return lambda *a: 2.5 * f(*a)[0] - 3.0 * f(*a)[1]
@@ -177,7 +182,7 @@ def plain_objective(graphdef, task):
             logits = models.apply_model(graphdef, params, batch["input_ids"], batch["attention_mask"],
                                         masked_positions_BP=batch["masked_positions"], dropout_key=key)
             labels, weights = batch["masked_labels"], batch["masked_weights"]
-        loss, accuracy = plain_sums(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), weights.reshape(-1))
+        loss, accuracy, _ = plain_sums(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), weights.reshape(-1))
         return {"loss_sum": loss, "accuracy_sum": accuracy, "weight_sum": weights.sum()}
     return loss_sums
 

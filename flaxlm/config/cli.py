@@ -30,7 +30,8 @@ from flaxlm.errors import UserError
 
 SCRIPT_SECTIONS = ("train_tokenizer", "create_config", "run_mlm_flax", "run_t5_mlm_flax", "run_clm_flax",
                    "generate", "run_classification", "run_qa", "run_seq2seq", "run_sft", "run_dpo", "run_grpo",
-                   "run_distill")
+                   "run_distill", "run_electra_flax", "run_token_classification", "run_fewshot", "adapt_vocabulary",
+                   "upcycle_moe", "prepare_data", "evaluate_lm", "evaluate_suite")  # every script that reads options
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 CONFIG_FILE_HELP = "yaml file of options; repeatable, later files win, flags win over files"
 

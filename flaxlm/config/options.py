@@ -313,11 +313,31 @@ class TrainingArgs(MultiHostArgs):
     adam_beta1: float = option(0.9, key="trainer.optimizer.adam_beta1")
     adam_beta2: float = option(0.999, key="trainer.optimizer.adam_beta2")
     adam_epsilon: float = option(1e-8, minimum=0, key="trainer.optimizer.adam_epsilon")
-    adafactor: bool = option(False, key="trainer.optimizer.adafactor", help="use Adafactor instead of AdamW")
+    adafactor: bool = option(False, key="trainer.optimizer.adafactor", help="use Adafactor instead of AdamW (as "
+                             "--optim adafactor)")
+    optim: str = option("adamw", key="trainer.optimizer.optim",
+                        help="adamw (transformers' adamw_torch and other AdamW names too), adafactor, or muon: Muon "
+                             "(optax.contrib.muon) for the hidden matrices, AdamW for embeddings, head, norms and "
+                             "biases, the update scaled so that an AdamW learning rate carries over")
     max_grad_norm: float = option(1.0, minimum=0, key="trainer.optimizer.max_grad_norm",
                                   help="clip gradients to this global norm (0 turns clipping off)")
     warmup_steps: int = option(0, minimum=0, key="trainer.optimizer.warmup_steps",
-                               help="linear warmup steps, then linear decay to 0")
+                               help="steps of linear warmup from 0 (then --lr_scheduler_type's decay)")
+    warmup_ratio: float = option(0.0, minimum=0, key="trainer.optimizer.warmup_ratio",
+                                 help="warmup as a share of the training steps, when --warmup_steps is 0 "
+                                      "(transformers')")
+    lr_scheduler_type: str = option("linear", key="trainer.optimizer.lr_scheduler_type",
+                                    help="transformers' schedule names: linear (decay to 0, the default), cosine, "
+                                         "cosine_with_restarts, polynomial, constant, constant_with_warmup, "
+                                         "inverse_sqrt, cosine_with_min_lr, cosine_warmup_with_min_lr, "
+                                         "warmup_stable_decay")
+    lr_scheduler_kwargs: str | None = option(key="trainer.optimizer.lr_scheduler_kwargs",
+                                             help="the schedule's own settings as JSON, transformers' keys (e.g. "
+                                                  "'{\"num_decay_steps\": 2000}' for warmup_stable_decay, "
+                                                  "'{\"min_lr_rate\": 0.1}' for cosine_with_min_lr)")
+    z_loss: float = option(0.0, minimum=0, key="trainer.z_loss",
+                           help="PaLM's z-loss: add this times log(Z)^2 of each predicted token's softmax to the loss "
+                                "(1e-4 in PaLM; 0: off); logged as z_loss")
     train_only: list[str] | None = option(key="trainer.train_only",
                                           help="train only these parameters (continued pretraining, e.g. after "
                                                "adapt_vocabulary.py): 'embeddings' (every parameter with a "

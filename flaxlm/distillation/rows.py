@@ -61,6 +61,14 @@ def completion_rows(prompts, completions_NC, eos_id, length, pad_id):
         truncated_N
 
 
+def check_room_to_sample(max_prompt_length, max_new_tokens, max_length, lmbda, seq_kd):
+    """UserError unless a prompt plus the tokens sampled after it fit a row. lmbda 0 without seq_kd samples nothing
+    (the data's completions only): no limit to check, as TRL's."""
+    if (lmbda > 0 or seq_kd) and max_prompt_length + max_new_tokens > max_length:
+        raise UserError(f"--max_prompt_length {max_prompt_length} + --max_new_tokens {max_new_tokens} exceeds "
+                        f"--max_length {max_length}: a sampled row would not fit; lower one or raise --max_length")
+
+
 class OnPolicyRows:
     on_policy = True  # the training loop hands batch_rows the current params
 
@@ -72,10 +80,7 @@ class OnPolicyRows:
         self.order = ShuffledRows(rows, global_batch, seed)
         self.num_rows, self.steps_per_epoch = self.order.num_rows, self.order.steps_per_epoch
         self.length = take_rows(rows, np.arange(1))["input_ids"].shape[1]
-        # lmbda 0 without seq_kd samples nothing (the data's completions only): no limit to check, as TRL's
-        if (lmbda > 0 or seq_kd) and max_prompt_length + student_sampler.C > self.length:
-            raise UserError(f"--max_prompt_length {max_prompt_length} + --max_new_tokens {student_sampler.C} exceeds "
-                            f"--max_length {self.length}: a sampled row would not fit; lower one or raise --max_length")
+        check_room_to_sample(max_prompt_length, student_sampler.C, self.length, lmbda, seq_kd)
         self.seed, self.lmbda, self.seq_kd = seed, lmbda, seq_kd
         self.student_sampler, self.teacher_sampler, self.teacher_params = student_sampler, teacher_sampler, \
             teacher_params

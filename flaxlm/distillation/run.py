@@ -2,6 +2,7 @@
 
     check_settings(distill)                                   # UserError on options out of range
     teacher_config = check_teacher(path, tokenizer)           # a decoder of the student's tokenizer
+    check_lengths(...), check_top_k(...)                      # the options against both models
     teacher_graphdef, teacher_params = load_teacher(...)      # placed as the student's (shapes only: --compile_for)
     rows = distill_rows(...)                                  # {split: rows} (text or conversations)
     taught = offline_rows(...)                                # the training rows with the teacher's top k
@@ -29,6 +30,21 @@ def check_top_k(k, vocab_size):
     if k > vocab_size:
         raise UserError(f"--top_k {k} is more than the {vocab_size} tokens of the vocabulary student and teacher "
                         f"share; pass at most {vocab_size}")
+
+
+def check_lengths(distill, max_length, prompt_length, teacher_config):
+    """--max_length against the teacher's positions (the student's: resolve_block_size) and, for gkd, a prompt plus
+    --max_new_tokens against --max_length: UserError before any teacher work."""
+    from flaxlm.distillation.rows import check_room_to_sample
+    from flaxlm.models import family_of
+    positions = family_of(teacher_config).max_length
+    limit = None if positions is None else positions(teacher_config)  # None: no limit (ALiBi)
+    if limit is not None and max_length > limit:
+        # (a learned position table past its end is read clamped: the teacher's predictions there would be made up)
+        raise UserError(f"--max_length {max_length} is longer than the teacher's {limit} positions "
+                        f"({distill.teacher_model_name_or_path}, config.json); pass --max_length {limit} or less")
+    if distill.mode == "gkd":
+        check_room_to_sample(prompt_length, distill.max_new_tokens, max_length, distill.lmbda, distill.seq_kd)
 
 
 def temperature_of(distill):

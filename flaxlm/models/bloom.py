@@ -165,6 +165,17 @@ PRESETS = {
     "bloom-tiny": {**_BLOOM, **_shape(64, 2, 4), "vocab_size": 1024},
 }
 
+def matrices(config):
+    """qkv's output features are [N, 3, H] (head by head): seen as [D, N, 3, H], q, k and v each a matrix [D, N * H]
+    for --optim muon."""
+    from optax.contrib import MuonDimensionNumbers
+    N = config.n_head
+
+    def heads_view(shape):
+        return (shape[0], N, 3, shape[1] // (3 * N)), MuonDimensionNumbers(reduction_axis=0, output_axis=(1, 3))
+    return {("attn", "qkv", "kernel"): heads_view}
+
+
 BLOOM = Family(model_type="bloom", name="BLOOM", model=BloomForCausalLM, tensor_names=tensor_names,
                normalize=normalize, architecture="BloomForCausalLM", presets=PRESETS, script="run_clm_flax.py",
-               max_length=None, no_splash="its ALiBi adds a bias to the scores")
+               max_length=None, no_splash="its ALiBi adds a bias to the scores", matrices=matrices)

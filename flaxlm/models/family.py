@@ -58,6 +58,9 @@ class Family:
     head_tensor_names: Callable | None = None  # head_tensor_names(config, task): a Head's model's triples
     no_splash: str | None = None  # why the Pallas splash kernel cannot compute its attention (XLA's then)
     normalize_for_head: Callable | None = None  # normalize_for_head(config, tensors, notes, task)
+    # matrices(config): {parameter path suffix: view(shape) -> (the shape its parts are seen in, MuonDimensionNumbers
+    # of that view)} for fused tensors (GPT-2's qkv): --optim muon orthogonalizes each part alone (flaxlm.training.muon)
+    matrices: Callable | None = None
     # export(config, tensors) -> the pretraining model's tensors (in tensor_names' layout) as its checkpoints hold
     # them, where that differs (Qwen3-MoE: the experts one tensor per expert); None: as tensor_names names them
     export: Callable | None = None
@@ -117,3 +120,13 @@ def drop_tied_head(config, tensors, head, embeddings):
             raise UserError(f"tensor {head} differs from {embeddings} but config.json ties them; set "
                             f"tie_word_embeddings to false in config.json for an untied LM head")
     return tensors
+
+
+def parts_of_output(parts):
+    """A kernel [in, parts * n] whose output is its parts one after another ([q | k | v]): seen as [in, parts, n],
+    each part a matrix (for Family.matrices)."""
+    from optax.contrib import MuonDimensionNumbers
+
+    def view(shape):
+        return (shape[0], parts, shape[1] // parts), MuonDimensionNumbers(reduction_axis=0, output_axis=2)
+    return view

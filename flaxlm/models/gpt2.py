@@ -11,7 +11,7 @@ from flax import nnx
 from flaxlm.errors import UserError
 from flaxlm.models import kv_cache
 from flaxlm.models.decoder import CausalLM
-from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, with_prefix
+from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, parts_of_output, with_prefix
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import (LayerNorm, activation, attention, compute_dtype, dense, dropout, embed, fold_key,
                                   split_last)
@@ -141,4 +141,5 @@ PRESETS = {
 
 GPT2 = Family(model_type="gpt2", name="GPT-2", model=GPT2LMHeadModel, tensor_names=tensor_names, normalize=normalize,
               architecture="GPT2LMHeadModel", presets=PRESETS, script="run_clm_flax.py",
-              max_length=lambda config: config.n_positions)
+              max_length=lambda config: config.n_positions,
+              matrices=lambda config: {("attn", "qkv", "kernel"): parts_of_output(3)})  # [q | k | v]

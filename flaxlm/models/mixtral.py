@@ -18,7 +18,7 @@ from flaxlm.errors import UserError
 from flaxlm.models import llama, mistral
 from flaxlm.models.family import Family
 from flaxlm.models.layers import RMSNorm, fold_key
-from flaxlm.models.moe import SparseMoE, expert_tensor_names, split_experts, stack_experts
+from flaxlm.models.moe import SparseMoE, expert_matrices, expert_tensor_names, split_experts, stack_experts
 
 # the hub's names of an expert's gate, up and down projections (transformers' conversion_mapping: w1 and w3 are
 # concatenated into gate_up_proj, w2 is down_proj)
@@ -122,4 +122,4 @@ PRESETS = {
 
 MIXTRAL = Family(model_type="mixtral", name="Mixtral", model=MixtralForCausalLM, tensor_names=tensor_names,
                  normalize=normalize, architecture="MixtralForCausalLM", presets=PRESETS, script="run_clm_flax.py",
-                 max_length=lambda config: config.max_position_embeddings, export=export)
+                 max_length=lambda config: config.max_position_embeddings, export=export, matrices=expert_matrices)

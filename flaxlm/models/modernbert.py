@@ -37,7 +37,8 @@ from flax import nnx
 
 from flaxlm.errors import UserError
 from flaxlm.models.bert import gather_rows, segment_positions
-from flaxlm.models.family import Family, Head, add_linear, add_norm, drop_prefixed, drop_tied_head, with_prefix
+from flaxlm.models.family import (Family, Head, add_linear, add_norm, drop_prefixed, drop_tied_head, parts_of_output,
+                                  with_prefix)
 from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import (LayerNorm, LMHead, Segments, activation, attention, compute_dtype, dense, dropout,
                                   embed, fold_key, split_last, untrained_at)
@@ -395,4 +396,6 @@ MODERNBERT = Family(
                                       ("head", "classifier")),
            "token_classification": Head(ModernBertForTokenClassification, "ModernBertForTokenClassification",
                                         ("head", "classifier"))},
-    head_tensor_names=head_tensor_names, normalize_for_head=normalize_for_head)
+    head_tensor_names=head_tensor_names, normalize_for_head=normalize_for_head,
+    matrices=lambda config: {("attn", "Wqkv", "kernel"): parts_of_output(3),  # [3, N, H]: q, k, v
+                             ("mlp", "Wi", "kernel"): parts_of_output(2)})  # input, gate

@@ -362,3 +362,14 @@ def split_experts(tensors, *, block="mlp", projs=PROJS):
         else:
             out[name] = x
     return out
+
+
+def expert_matrices(config):
+    """Family.matrices of a mixture: gate_up_proj [E, 2I, D] seen as [E, 2, I, D], each expert's gate and up a
+    matrix for --optim muon (down_proj [E, D, I] is E matrices as it is)."""
+    from optax.contrib import MuonDimensionNumbers
+
+    def gate_and_up(shape):
+        E, two_I, D = shape
+        return (E, 2, two_I // 2, D), MuonDimensionNumbers(reduction_axis=3, output_axis=2)
+    return {("gate_up_proj",): gate_and_up}

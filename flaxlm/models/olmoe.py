@@ -15,7 +15,8 @@ from flaxlm.errors import UserError
 from flaxlm.models import llama
 from flaxlm.models.family import Family
 from flaxlm.models.layers import RMSNorm
-from flaxlm.models.moe import SparseMoE, check_experts, expert_tensor_names, split_experts, stack_experts
+from flaxlm.models.moe import (SparseMoE, check_experts, expert_matrices, expert_tensor_names,
+                               split_experts, stack_experts)
 
 
 class Block(llama.Block):
@@ -79,4 +80,4 @@ PRESETS = {
 
 OLMOE = Family(model_type="olmoe", name="OLMoE", model=OlmoeForCausalLM, tensor_names=tensor_names,
                normalize=normalize, architecture="OlmoeForCausalLM", presets=PRESETS, script="run_clm_flax.py",
-               max_length=lambda config: config.max_position_embeddings, export=export)
+               max_length=lambda config: config.max_position_embeddings, export=export, matrices=expert_matrices)

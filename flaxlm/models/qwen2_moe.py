@@ -24,7 +24,7 @@ import jax
 from flaxlm.models import llama, qwen2, qwen3_moe
 from flaxlm.models.family import Family, add_linear
 from flaxlm.models.layers import dense
-from flaxlm.models.moe import SparseMoE, expert_tensor_names, split_experts, stack_experts
+from flaxlm.models.moe import SparseMoE, expert_matrices, expert_tensor_names, split_experts, stack_experts
 from flaxlm.models.qwen3_moe import sparse_layer
 
 
@@ -115,4 +115,4 @@ PRESETS = {
 
 QWEN2_MOE = Family(model_type="qwen2_moe", name="Qwen2-MoE", model=Qwen2MoeForCausalLM, tensor_names=tensor_names,
                    normalize=normalize, architecture="Qwen2MoeForCausalLM", presets=PRESETS, script="run_clm_flax.py",
-                   max_length=lambda config: config.max_position_embeddings, export=export)
+                   max_length=lambda config: config.max_position_embeddings, export=export, matrices=expert_matrices)

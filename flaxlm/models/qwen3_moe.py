@@ -17,7 +17,8 @@ load_balancing_loss over the router logits moe.router_logits() collects.
 from flaxlm.models import llama
 from flaxlm.models.family import Family
 from flaxlm.models.layers import RMSNorm
-from flaxlm.models.moe import SparseMoE, check_experts, expert_tensor_names, split_experts, stack_experts
+from flaxlm.models.moe import (SparseMoE, check_experts, expert_matrices, expert_tensor_names,
+                               split_experts, stack_experts)
 
 
 def sparse_layer(config, i):
@@ -94,4 +95,4 @@ PRESETS = {
 
 QWEN3_MOE = Family(model_type="qwen3_moe", name="Qwen3-MoE", model=Qwen3MoeForCausalLM, tensor_names=tensor_names,
                    normalize=normalize, architecture="Qwen3MoeForCausalLM", presets=PRESETS, script="run_clm_flax.py",
-                   max_length=lambda config: config.max_position_embeddings, export=export)
+                   max_length=lambda config: config.max_position_embeddings, export=export, matrices=expert_matrices)

@@ -52,10 +52,12 @@ def collate_documents(eos_id):
     return collate
 
 
-def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=None, separate_documents=False):
+def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=None, separate_documents=False,
+                  z_loss=0.0):
     """Objective for run_clm_flax: the head at positions 0..L-2 against the tokens at 1..L-1 (fused with the
-    cross-entropy: flaxlm.objectives.lm_loss; the last position's head is never computed). separate_documents:
-    each token attends only within its document (pad_id is the EOS that ends one), at positions from 0 in it.
+    cross-entropy: flaxlm.objectives.lm_loss, with --z_loss's term; the last position's head is never computed).
+    separate_documents: each token attends only within its document (pad_id is the EOS that ends one), at positions
+    from 0 in it.
     An MoE config with output_router_logits adds router_aux_loss_coef times the load-balancing loss, as
     transformers does, and logs the router's metrics (flaxlm.models.moe.add_router_losses)."""
     def loss_sums(params, batch, dropout_key):
@@ -63,7 +65,7 @@ def clm_objective(graphdef, config, params, block_size, pad_id, head_chunk_rows=
         mask = Segments(batch["segment_ids"]) if separate_documents else None
         with moe.routing(config) as router:  # an MoE's router statistics: its losses and metrics
             h_BLD, head = apply_hidden(graphdef, params, ids_BL, mask, batch.get("positions"), dropout_key=dropout_key)
-        sums = head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
+        sums = head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows, z_loss)
         return moe.add_router_losses(config, sums, router.value)
 
     collate = collate_documents(pad_id) if separate_documents else collate_blocks

@@ -23,13 +23,13 @@ def collate(rows, rng=None):
             "label_weights": label_weights(rows)}
 
 
-def sft_objective(graphdef, config, params, max_length, pad_id, head_chunk_rows=None):
+def sft_objective(graphdef, config, params, max_length, pad_id, head_chunk_rows=None, z_loss=0.0):
     def loss_sums(params, batch, dropout_key):
         ids_BL = batch["input_ids"]
         with moe.routing(config, batch["segment_ids"] > 0) as router:  # an MoE's router statistics, padding out
             h_BLD, head = apply_hidden(graphdef, params, ids_BL, Segments(batch["segment_ids"]), batch["positions"],
                                        dropout_key=dropout_key)
-        sums = head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows)
+        sums = head_loss_sums(h_BLD[:, :-1], head, ids_BL[:, 1:], batch["label_weights"], head_chunk_rows, z_loss)
         return moe.add_router_losses(config, sums, router.value)
 
     return Objective(loss_sums=loss_sums, collate=collate, pad_id=pad_id, weights_key="label_weights",

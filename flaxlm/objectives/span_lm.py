@@ -21,14 +21,14 @@ def check_decoder_start(config):
                         "create_config.py --set decoder_start_token_id=0")
 
 
-def span_objective(graphdef, config, corruptor, head_chunk_rows=None):
+def span_objective(graphdef, config, corruptor, head_chunk_rows=None, z_loss=0.0):
     """Objective for run_t5_mlm_flax: the collator is a SpanCorruptor; decoder inputs are the targets
     shifted right; targets of padding rows and padded positions weigh nothing. The LM head is fused with
-    the cross-entropy (flaxlm.objectives.lm_loss)."""
+    the cross-entropy (flaxlm.objectives.lm_loss; z_loss: --z_loss)."""
     def loss_sums(params, batch, dropout_key):
         h_BTD, head = apply_hidden(graphdef, params, batch["input_ids"], batch["attention_mask"],
                                    batch["decoder_input_ids"], dropout_key=dropout_key)
-        return head_loss_sums(h_BTD, head, batch["labels"], batch["label_weights"], head_chunk_rows)
+        return head_loss_sums(h_BTD, head, batch["labels"], batch["label_weights"], head_chunk_rows, z_loss)
 
     flops = encoder_decoder_train_flops(config, 1, corruptor.inputs_length, corruptor.targets_length)
     return Objective(loss_sums=loss_sums, collate=corruptor, pad_id=corruptor.pad_token_id,

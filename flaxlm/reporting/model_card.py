@@ -16,11 +16,12 @@ SUITE_START, SUITE_END = "<!-- flaxlm suite -->", "<!-- /flaxlm suite -->"
 PIPELINE_TAGS = {"CausalLM": "text-generation", "MaskedLM": "fill-mask", "Seq2SeqLM": "text2text-generation",
                  "ConditionalGeneration": "text2text-generation", "SequenceClassification": "text-classification",
                  "TokenClassification": "token-classification", "QuestionAnswering": "question-answering"}
-HYPERPARAMETERS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "weight_decay", "adafactor",
-                   "adam_beta1", "adam_beta2", "max_grad_norm", "per_device_train_batch_size", "train_batch_size",
-                   "gradient_accumulation_steps", "num_train_epochs", "max_steps", "max_seq_length", "block_size",
-                   "mlm_probability", "noise_density", "mean_noise_span_length", "train_only", "freeze_steps",
-                   "dtype", "param_dtype", "sharding", "seed", "method")
+HYPERPARAMETERS = ("optim", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio",
+                   "weight_decay", "adafactor", "z_loss", "adam_beta1", "adam_beta2", "max_grad_norm",
+                   "per_device_train_batch_size", "train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
+                   "max_steps", "max_seq_length", "block_size", "mlm_probability", "noise_density",
+                   "mean_noise_span_length", "train_only", "freeze_steps", "dtype", "param_dtype", "sharding", "seed",
+                   "method")
 LOWER_IS_BETTER = ("loss", "perplexity", "bits_per_byte")
 HIGHER_IS_BETTER = ("accuracy", "f1", "exact_match", "precision", "recall", "mcc", "bleu", "chrf", "rouge")
 

@@ -92,6 +92,20 @@ def _answer_reward(name, metric, completions, answer_column, **columns):
     return out
 
 
+ANSWER_REWARDS = ("exact_match", "token_f1")  # the built-ins that score a completion against the data's answer
+
+
+def check_answer_column(rewards, prompts, answer_column):
+    """UserError before any work when a reward that scores against the answer finds no record with its column
+    (prompts: {split: [Prompt]})."""
+    needs = [f.name for f in rewards if f.name in ANSWER_REWARDS]
+    records = [p for ps in prompts.values() for p in ps]
+    if needs and records and not any(answer_column in p.columns for p in records):
+        columns = sorted({k for p in records for k in p.columns})
+        raise UserError(f"the reward {needs[0]} needs the column '{answer_column}' in the data (columns: "
+                        f"{', '.join(columns) or 'none'}); add it or pass --answer_column")
+
+
 def exact_match(prompts, completions, answer_column="answer", **columns):
     return _answer_reward("exact_match", squad_metric.exact_match, completions, answer_column, **columns)
 

@@ -1,16 +1,52 @@
-"""Optimizers: AdamW or Adafactor with linear warmup then linear decay, clipping, masked weight decay."""
+"""Optimizers (--optim: AdamW, Adafactor, Muon) following a schedule of transformers' (--lr_scheduler_type,
+flaxlm.training.schedules), with clipping and masked weight decay."""
 import optax
 
+from flaxlm.errors import UserError
+from flaxlm.training.schedules import make_schedule, warmup_steps_of
 
-def linear_schedule(learning_rate, warmup_steps, total_steps):
-    """0 -> learning_rate over warmup_steps, then linearly to 0 at total_steps (HF's Flax examples)."""
-    warmup = optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1))
-    decay = optax.linear_schedule(learning_rate, 0.0, max(total_steps - warmup_steps, 1))
-    return optax.join_schedules([warmup, decay], [warmup_steps])
+OPTIMIZERS = ("adamw", "adafactor", "muon")
+# transformers' --optim names of AdamW, every one computing AdamW's update (fused, on other devices, in other
+# precisions of the same math): they all run optax.adamw here
+ADAMW_NAMES = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xla", "adamw_torch_npu_fused",
+               "adamw_apex_fused", "adamw_anyprecision")
 
 
-def make_optimizer(args, total_steps, decay_mask, trainable=None):
-    """The optax transformation for TrainingArgs; weight decay skips biases and LayerNorm (decay_mask).
+def optimizer_name(args):
+    """--optim (transformers' names: its AdamW variants are adamw) with --adafactor (transformers' older flag) as
+    adafactor; UserError for an optimizer flaxlm does not have."""
+    name = getattr(args, "optim", "adamw") or "adamw"
+    name = "adamw" if name in ADAMW_NAMES else name
+    if args.adafactor:
+        if name not in ("adamw", "adafactor"):
+            raise UserError(f"--adafactor and --optim {name} name two optimizers; pass one (--optim adafactor is "
+                            f"--adafactor)")
+        return "adafactor"
+    if name not in OPTIMIZERS:
+        raise UserError(f"--optim {name} is not one of flaxlm's optimizers; pass {', '.join(OPTIMIZERS)} "
+                        f"(transformers' {', '.join(ADAMW_NAMES)} run as adamw)")
+    return name
+
+
+def check_optimizer_options(args):
+    """UserError for an unknown --optim or --lr_scheduler_type, or --lr_scheduler_kwargs the schedule does not take
+    (before any work: the schedule's length is known only once the data is)."""
+    optimizer_name(args)
+    name, kwargs = getattr(args, "lr_scheduler_type", "linear") or "linear", getattr(args, "lr_scheduler_kwargs", None)
+    make_schedule(name, args.learning_rate or 1.0, 0, 1 << 30, kwargs)
+
+
+def run_schedule(args, total_steps):
+    """The learning rate by optimizer step: --lr_scheduler_type (default linear, as the Flax examples) with
+    --lr_scheduler_kwargs, warming up for --warmup_steps (or --warmup_ratio of total_steps)."""
+    warmup = warmup_steps_of(args.warmup_steps, getattr(args, "warmup_ratio", 0.0), total_steps)
+    return make_schedule(getattr(args, "lr_scheduler_type", "linear") or "linear", args.learning_rate, warmup,
+                         total_steps, getattr(args, "lr_scheduler_kwargs", None))
+
+
+def make_optimizer(args, total_steps, decay_mask, trainable=None, params=None, vocab_size=None, config=None):
+    """The optax transformation for TrainingArgs; weight decay skips biases and LayerNorm (decay_mask). params,
+    vocab_size and config (the model's): which parameters --optim muon trains with Muon (flaxlm.training.muon).
 
     Unlike Hugging Face's scripts, --weight_decay also applies with --adafactor (decoupled, scaled by
     the learning rate as in AdamW).
@@ -19,20 +55,28 @@ def make_optimizer(args, total_steps, decay_mask, trainable=None):
     flaxlm.training.freeze.Phases instead: the optimizer of the first --freeze_steps steps (only the trainable
     parameters; the whole run without --freeze_steps) and of the steps after them (every parameter).
     """
-    schedule = linear_schedule(args.learning_rate, args.warmup_steps, total_steps)
+    name = optimizer_name(args)
+    schedule = run_schedule(args, total_steps)
+
+    def base(s):
+        return _base_optimizer(name, args, s, decay_mask, params, vocab_size, config)
     if trainable is None:
-        return _clipped(args, _base_optimizer(args, schedule, decay_mask)), schedule
+        return _clipped(args, base(schedule)), schedule
     from flaxlm.training.freeze import make_phases
     switch = args.freeze_steps if args.freeze_steps and args.freeze_steps < total_steps else None
-    return make_phases(lambda s: _base_optimizer(args, s, decay_mask), lambda tx: _clipped(args, tx), schedule,
-                       trainable, switch), schedule
+    return make_phases(base, lambda tx: _clipped(args, tx), schedule, trainable, switch), schedule
 
 
-def _base_optimizer(args, schedule, decay_mask):
-    """AdamW or Adafactor following `schedule` (a function of the optimizer's step count)."""
-    if args.adafactor:
+def _base_optimizer(name, args, schedule, decay_mask, params, vocab_size, config):
+    """The optimizer `name` following `schedule` (a function of the optimizer's step count)."""
+    if name == "adafactor":
         return optax.adafactor(learning_rate=schedule, weight_decay_rate=args.weight_decay or None,
                                weight_decay_mask=decay_mask)
+    if name == "muon":
+        if params is None:
+            raise ValueError("--optim muon needs the params (which of them are matrices)")
+        from flaxlm.training.muon import muon_optimizer
+        return muon_optimizer(schedule, params, args, decay_mask, vocab_size, config)
     return optax.adamw(schedule, b1=args.adam_beta1, b2=args.adam_beta2, eps=args.adam_epsilon,
                        weight_decay=args.weight_decay, mask=decay_mask)
 

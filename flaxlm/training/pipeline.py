@@ -16,13 +16,18 @@ def start_run(args, model_args):
     from flaxlm.training.compile_cache import enable_compilation_cache
     from flaxlm.training.output_dir import check_hub_access, prepare_output_dir
     from flaxlm.training import freeze
+    from flaxlm.training.optim import check_optimizer_options
     _SAID.clear()  # say_attention's lines: once per run
     freeze.check_options(args)
+    check_optimizer_options(args)  # --optim, --lr_scheduler_type and its kwargs: one line now, not after the data
     if args.compile_for:  # config.json is all it reads of a checkpoint
         return None  # the steps are traced for the slice in flaxlm.planning.compile_for.compile_steps
     from flaxlm.reporting.trackers import resolve_report_to
     args.report_to = resolve_report_to(args.report_to)  # a tracker not installed: one line, before any work
     check_local_checkpoint(model_args.model_name_or_path)
+    if args.resume_from_checkpoint:  # no checkpoint to resume from: one line before anything is made
+        from flaxlm.training.checkpoint import resolve_resume
+        resolve_resume(args.resume_from_checkpoint, args.output_dir)
     meshlib.maybe_initialize_distributed(args)
     prepare_output_dir(args)
     enable_compilation_cache(args.compilation_cache_dir)
@@ -325,15 +330,16 @@ def batch_sizes(args, mesh):
 
 
 def train_and_evaluate(args, model_args, params, objective, train_rows, eval_rows, total_steps, mesh, micro_batch,
-                       eval_batch, test_rows=None, vocab_size=None):
+                       eval_batch, test_rows=None, config=None):
     """The optimizer (weight decay off for biases and norms; with --train_only, first only those parameters:
     flaxlm.training.freeze), the run log (with loss.png drawn at its end) and the training loop over `objective`
     (honouring --do_train / --do_eval / --do_predict); returns the final params. With --eval_checkpoints it evaluates
-    the saved checkpoints instead (flaxlm.training.eval_job) and returns None. vocab_size: the model's, for
-    --train_only embeddings."""
+    the saved checkpoints instead (flaxlm.training.eval_job) and returns None. config: the model's (its vocabulary,
+    for --train_only embeddings and --optim muon, and its family's fused tensors, for muon)."""
     from flaxlm.reporting.run_log import RunLog
     from flaxlm.training.loop import train
-    tx, schedule = run_optimizer(args, params, total_steps, vocab_rows(vocab_size, model_args))
+    vocab_size = vocab_rows(getattr(config, "vocab_size", None), model_args)
+    tx, schedule = run_optimizer(args, params, total_steps, vocab_size, config)
     if args.eval_checkpoints:  # an evaluation job: no training, no export
         from flaxlm.training.eval_job import evaluate_checkpoints
         evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batch, total_steps)
@@ -366,9 +372,10 @@ def run_trackers(args):
                          resuming=bool(args.resume_from_checkpoint))
 
 
-def run_optimizer(args, params, total_steps, vocab_size=None):
-    """(tx, schedule): the run's optimizer (weight decay off for biases and norms) or, with --train_only, first only
-    those parameters (flaxlm.training.freeze.Phases)."""
+def run_optimizer(args, params, total_steps, vocab_size=None, config=None):
+    """(tx, schedule): the run's optimizer (--optim; weight decay off for biases and norms) or, with --train_only,
+    first only those parameters (flaxlm.training.freeze.Phases). vocab_size (the padded rows) and config: the
+    model's, for --train_only embeddings and --optim muon (flaxlm.training.muon)."""
     import jax
     from flaxlm.models import decay_mask
     from flaxlm.training import freeze
@@ -380,7 +387,12 @@ def run_optimizer(args, params, total_steps, vocab_size=None):
         trainable = None
     elif trainable is not None:
         say(freeze.describe(params, trainable, args.freeze_steps, total_steps))
-    return make_optimizer(args, total_steps, decay_mask(params), trainable)
+    from flaxlm.training.optim import optimizer_name
+    if optimizer_name(args) == "muon":
+        from flaxlm.training.muon import describe
+        say(describe(params, vocab_size, config))
+    return make_optimizer(args, total_steps, decay_mask(params), trainable, params=params, vocab_size=vocab_size,
+                          config=config)
 
 
 def export(args, model_args, config, params, tokenizer, load_with, how=None, lora=None, merge_lora=False,
