@@ -89,7 +89,9 @@ def test_each_matrix_is_muon_alone_and_the_rest_adamw(preset):
         by_matrix = [alone([parts(G[s][k], k)[0][m] for s in range(STEPS)], schedule) for m in range(len(matrices))]
         for s in range(STEPS):
             want = join([by_matrix[m][s] for m in range(len(matrices))]) - schedule(s) * ARGS["weight_decay"] * P[k]
-            np.testing.assert_allclose(ours[s][k], want, rtol=2e-5, atol=2e-7, err_msg=str(k))
+            # the same float32 Newton-Schulz steps, batched over a tensor's matrices here and one matrix alone there,
+            # round differently: 2.0e-7 at most against updates up to 1.4e-2 (2026-12-07); bound: 1e-4 of the largest
+            np.testing.assert_allclose(ours[s][k], want, rtol=0, atol=1e-4 * float(np.abs(want).max()), err_msg=str(k))
 
 
 @pytest.fixture(scope="module")
@@ -117,13 +119,10 @@ def test_a_tiny_llama_learns_with_muon_scanned_over_8_devices(llama_dir, corpus,
 
 @needs_libtpu
 def test_a_mixture_compiles_for_a_slice_with_less_optimizer_state(model_dir_for, corpus):
-    """qwen3-moe-tiny compiled for a TPU v5e-8 with FSDP: Muon's state per chip is smaller than AdamW's (one
-    momentum buffer for the matrices instead of two moments)."""
-    model_dir = model_dir_for("qwen3-moe-tiny")
-    adamw = compile_for_v5e_8("qwen3_moe", model_dir, corpus, "xla", 32)
-    with_muon = compile_for_v5e_8("qwen3_moe", model_dir, corpus, "xla", 32, "--optim", "muon")
-    assert with_muon["optimizer"] < adamw["optimizer"]
-    assert with_muon["params"] == adamw["params"]
+    """qwen3-moe-tiny compiled for a TPU v5e-8 with FSDP and Muon: its optimizer state per chip is less than AdamW's
+    two moments of every parameter (one momentum buffer for each matrix), more than one."""
+    with_muon = compile_for_v5e_8("qwen3_moe", model_dir_for("qwen3-moe-tiny"), corpus, "xla", 32, "--optim", "muon")
+    assert with_muon["params"] < with_muon["optimizer"] < 1.9 * with_muon["params"]
 
 
 @pytest.mark.parametrize("flags, message", [
