@@ -69,6 +69,17 @@ def cut(src, dst, lines):
     return dst
 
 
+def bokmaal_texts(work_dir, data_dir, train_lines=0, heldout_lines=0):
+    """(training file, held-out file) in WORK_DIR/data: the first lines of the UD Bokmal running text's train and dev
+    splits (0: all), written once."""
+    os.makedirs(os.path.join(work_dir, "data"), exist_ok=True)
+    no = os.path.join(data_dir, "no")
+    return (cut(os.path.join(no, "ud_bokmaal_texts_train.txt"), os.path.join(work_dir, "data", "train.txt"),
+                train_lines),
+            cut(os.path.join(no, "ud_bokmaal_texts_dev.txt"), os.path.join(work_dir, "data", "heldout.txt"),
+                heldout_lines))
+
+
 def finished(out_dir, name="model.safetensors"):
     return os.path.exists(os.path.join(out_dir, name))
 
@@ -153,11 +164,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     w = os.path.abspath(a.work_dir)
-    os.makedirs(os.path.join(w, "data"), exist_ok=True)
+    train, held = bokmaal_texts(w, a.data_dir, a.train_lines, a.heldout_lines)
     log = os.path.join(w, "log.txt")
-    no = os.path.join(a.data_dir, "no")
-    train = cut(os.path.join(no, "ud_bokmaal_texts_train.txt"), os.path.join(w, "data", "train.txt"), a.train_lines)
-    held = cut(os.path.join(no, "ud_bokmaal_texts_dev.txt"), os.path.join(w, "data", "heldout.txt"), a.heldout_lines)
 
     # Tokenizer and the two configs (dropout 0: the runs differ by their objective only).
     tok, teacher_cfg, student_cfg = (os.path.join(w, n) for n in ("tokenizer", "teacher_config", "student_config"))

@@ -32,7 +32,7 @@ sys.path.insert(0, REPO)
 DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
 from bench.adapt_vocabulary import run  # noqa: E402  -- a script as a subprocess, its output to the log
-from bench.distill_learning import cut, finished, metrics  # noqa: E402
+from bench.distill_learning import bokmaal_texts, finished, metrics  # noqa: E402
 
 WAYS = {"adamw-linear": ("adamw", "linear"), "adamw-cosine": ("adamw", "cosine"),
         "adamw-wsd": ("adamw", "warmup_stable_decay"), "muon-cosine": ("muon", "cosine"),
@@ -71,11 +71,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     w = os.path.abspath(a.work_dir)
-    os.makedirs(os.path.join(w, "data"), exist_ok=True)
+    train, held = bokmaal_texts(w, a.data_dir)
     log = os.path.join(w, "log.txt")
-    no = os.path.join(a.data_dir, "no")
-    train = cut(os.path.join(no, "ud_bokmaal_texts_train.txt"), os.path.join(w, "data", "train.txt"), 0)
-    held = cut(os.path.join(no, "ud_bokmaal_texts_dev.txt"), os.path.join(w, "data", "heldout.txt"), 0)
 
     tok, cfg = os.path.join(w, "tokenizer"), os.path.join(w, "config")
     if not finished(tok, "tokenizer.json"):

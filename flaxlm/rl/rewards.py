@@ -77,11 +77,15 @@ def gold_texts(answers):
     return [answers] if isinstance(answers, str) else list(answers)
 
 
+def _no_answer_column(name, answer_column, columns):
+    return UserError(f"the reward {name} needs the column '{answer_column}' in the data (columns: "
+                     f"{', '.join(columns) or 'none'}); add it or pass --answer_column")
+
+
 def _answer_reward(name, metric, completions, answer_column, **columns):
     if answer_column not in columns:
         data = [k for k in columns if k not in ("completion_ids", "trainer_state")]
-        raise UserError(f"the reward {name} needs the column '{answer_column}' in the data (columns: "
-                        f"{', '.join(data) or 'none'}); add it or pass --answer_column")
+        raise _no_answer_column(name, answer_column, data)
     out = []
     for completion, answers in zip(completions, columns[answer_column]):
         if answers is None:
@@ -101,9 +105,7 @@ def check_answer_column(rewards, prompts, answer_column):
     needs = [f.name for f in rewards if f.name in ANSWER_REWARDS]
     records = [p for ps in prompts.values() for p in ps]
     if needs and records and not any(answer_column in p.columns for p in records):
-        columns = sorted({k for p in records for k in p.columns})
-        raise UserError(f"the reward {needs[0]} needs the column '{answer_column}' in the data (columns: "
-                        f"{', '.join(columns) or 'none'}); add it or pass --answer_column")
+        raise _no_answer_column(needs[0], answer_column, sorted({k for p in records for k in p.columns}))
 
 
 def exact_match(prompts, completions, answer_column="answer", **columns):
