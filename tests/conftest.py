@@ -18,8 +18,9 @@ import shutil  # noqa: E402
 
 import pytest  # noqa: E402
 
-# a dead test worker ends the run in one line naming its test; FLAXLM_TEST_RESOURCES=DIR logs each worker's figures
-pytest_plugins = ["worker_deaths", "worker_resources"]
+# a dead test worker ends the run in one line naming its test; FLAXLM_TEST_RESOURCES=DIR logs each worker's figures; the
+# longest test files are handed out first (tests/file_order.py)
+pytest_plugins = ["worker_deaths", "worker_resources", "file_order"]
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -88,7 +88,12 @@ def test_nothing_is_written_and_no_output_dir_is_needed(gpt2_dir, corpus, tmp_pa
     assert printed.count("TPU attention (auto): GPT-2 drops out attention probabilities (attn_pdrop=0.1 in "
                          "config.json), which the splash kernel cannot") == 1  # gpt2-tiny's rate, once
     assert r["train_batch"] / 6 == r["eval_batch"] / 8  # per device: 2 pieces of 3 rows; 8 rows (the default)
-    assert run_clm_flax.main(clm_args(gpt2_dir, corpus, "--compile_for", "v4-8"))["params"] > 0  # no --output_dir
+    # no --output_dir; a run that does not evaluate compiles its train step alone
+    r = run_clm_flax.main(clm_args(gpt2_dir, corpus, "--compile_for", "v4-8", "--do_eval", "false"))
+    assert r["params"] > 0 and r["eval"] is None and r["compile_s"][1] == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^  per device \(GiB\) +train step$", printed, re.M)  # the table's one column
+    assert "(train step; no eval step: --do_eval false)" in printed
     assert platform() == "cpu"  # what runs next in this process (a test, a notebook's real run) is built for the CPU
 
 

@@ -278,7 +278,7 @@ def test_a_run_with_expert_sharding_learns_as_the_fsdp_run(model_dir_for, corpus
 def test_expert_sharding_compiles_for_a_v5e_8(model_dir_for, corpus, capsys):
     """--compile_for plans --sharding expert: 2 expert groups of 4 chips, each chip holding 2 of the 8 experts."""
     r = compile_for_v5e_8("qwen3_moe", model_dir_for("qwen3-moe-tiny"), corpus, "xla", 32,
-                          "--sharding", "expert", "--expert_parallel_size", "4")
+                          "--sharding", "expert", "--expert_parallel_size", "4", "--do_eval", "false")
     out = capsys.readouterr().out
     assert "fits v5e-8" in out and "--sharding expert" in out
     assert r["kernels"] > 0  # the local experts' grouped matmuls: libtpu's Mosaic kernels

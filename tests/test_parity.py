@@ -20,7 +20,8 @@ import transformers
 from flaxlm import models
 from generation_check import assert_greedy_matches_transformers
 from parity import (Case, as_untied, assert_close_at_real, assert_load_fails, assert_losses_match, assert_same_params,
-                    batch, hf_logits, hf_tied, jnp_args, load_ours, random_hf, randomize, saved_keys)
+                    batch, hf_logits, hf_tied, jitted, jnp_args, load_ours, random_hf, randomize,
+                    saved_keys)
 
 
 def family(hf_class, inputs, base, variants, **settings):
@@ -249,8 +250,9 @@ def test_hf_checkpoint_loads_with_its_logits_and_loss(case, tmp_path):
     b = batch(case)
     ref = hf_logits(hf, b.hf)
     assert ref.shape == (*b.real_BL.shape, *case.per_position)
-    assert_close_at_real(model(*jnp_args(b)), ref, b.real_BL, case.tol)
-    assert_losses_match(case, model, hf, b)
+    forward = jitted(*models.split_model(model))
+    assert_close_at_real(forward(*jnp_args(b)), ref, b.real_BL, case.tol)
+    assert_losses_match(case, forward, hf, b)
 
 
 @each_case
@@ -270,7 +272,7 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
     assert type(hf) is case.hf_class and hf_tied(hf) == case.tied
     assert models.count_params(params) == sum(p.numel() for p in hf.parameters())
     b = batch(case, seed=1)
-    apply = lambda *args: models.apply_model(graphdef, params, *args)  # noqa: E731
+    apply = jitted(graphdef, params)
     assert_close_at_real(apply(*jnp_args(b)), hf_logits(hf, b.hf), b.real_BL, case.tol)
     assert_losses_match(case, apply, hf, b)
     _, model = load_ours(case, tmp_path)
@@ -313,8 +315,8 @@ def test_bfloat16_compute_is_close_to_float32(case):
     graphdef16, params16 = models.split_model(models.create_model(config, dtype="bfloat16", task=case.task))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves((params, params16)))  # parameters stay float32
     args = jnp_args(batch(case))
-    ref = np.asarray(models.apply_model(graphdef32, params, *args))
-    got = models.apply_model(graphdef16, params, *args)
+    ref = np.asarray(jitted(graphdef32, params)(*args))
+    got = jitted(graphdef16, params)(*args)
     assert got.dtype == jnp.float32 and np.isfinite(np.asarray(got)).all()
     err = float(np.abs(np.asarray(got) - ref).max())
     assert err < case.bf16_rel * np.abs(ref).max() + 0.05, err
@@ -327,7 +329,7 @@ def test_dropout_depends_only_on_its_key(case):
     graphdef, params = models.split_model(models.create_model(case.config(), task=case.task))
     args = jnp_args(batch(case))
     train = jax.jit(lambda p, key: models.apply_model(graphdef, p, *args, dropout_key=key))
-    det = models.apply_model(graphdef, params, *args)
+    det = jitted(graphdef, params)(*args)
     a, b, c = (train(params, jax.random.key(k)) for k in (1, 1, 2))
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, det) and not np.allclose(a, c)
@@ -341,7 +343,7 @@ def test_kv_cache_decodes_the_full_forward(case):
     params = randomize(params, seed=2, std=case.std)
     b = batch(case, seed=2)
     ids, mask, pos = jnp_args(b)
-    full = np.asarray(models.apply_model(graphdef, params, ids, mask, pos))
+    full = np.asarray(jitted(graphdef, params)(ids, mask, pos))
     step = jax.jit(lambda p, *a, cache: models.apply_model(graphdef, p, *a, cache=cache))
     length = ids.shape[1]
     cache = models.merge_model(graphdef, params).init_cache(ids.shape[0], length + 4)

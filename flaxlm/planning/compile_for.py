@@ -115,16 +115,21 @@ def compile_steps(target, args, params, objective, mesh, micro_batch, eval_batch
         train, train_s = compile_timed(step.lower(state, train_batch, key, *objective.frozen_args()))
         if sampling:
             evaluate, eval_s, eval_inputs = compile_sampling(*sampling, state["params"], layout.global_batch, mesh)
+        elif not args.do_eval:  # the run never evaluates (--do_eval false): the train step is all it compiles
+            evaluate, eval_s, eval_inputs = None, 0.0, None
         else:
             eval_step = eval_steps_for(objective, mesh, shardings["params"])[0]
             eval_inputs = batch_shapes(objective, sample_rows, eval_batch, meshlib.batch_sharding(mesh))
             evaluate, eval_s = compile_timed(eval_step.lower(state["params"], eval_inputs))
     return {"layout": layout.describe(), "params": held_bytes(state["params"]),
-            "optimizer": held_bytes(state["opt_state"]), "train": step_bytes(train), "eval": step_bytes(evaluate),
-            "train_batch": held_bytes(train_batch), "eval_batch": held_bytes(eval_inputs),
-            "compiled_flops": compiled_flops(train), "kernels": kernels(train),
+            "optimizer": held_bytes(state["opt_state"]), "train": step_bytes(train),
+            "train_batch": held_bytes(train_batch), "compiled_flops": compiled_flops(train), "kernels": kernels(train),
             "counted_flops": objective.flops_per_example * layout.global_batch / mesh.size,
-            "compile_s": (train_s, eval_s), "second": "generation" if sampling else "eval",
+            "compile_s": (train_s, eval_s),
+            # the second step (eval, or GRPO's generation); None each for a run that does not evaluate
+            **({"eval": None, "eval_batch": None, "second": None} if evaluate is None else
+               {"eval": step_bytes(evaluate), "eval_batch": held_bytes(eval_inputs),
+                "second": "generation" if sampling else "eval"}),
             **({"frozen": held_bytes(objective.frozen)} if objective.frozen is not None else {})}
 
 
@@ -143,41 +148,47 @@ def compile_sampling(sampler, prompt_length, params, rows, mesh):
 
 def totals(r):
     """(train step, eval step) bytes per device: everything the compiler places for the step (its arguments hold
-    the train state and the batch); the eval step's plus the optimizer state (and a live teacher) it runs beside."""
+    the train state and the batch); the eval step's plus the optimizer state (and a live teacher) it runs beside
+    (0 for a run that does not evaluate)."""
     train = sum(r["train"].values())
+    if not r["eval"]:
+        return train, 0
     return train, sum(r["eval"].values()) + r["optimizer"] + r.get("frozen", 0)
 
 
 def report(target, r, what):
-    """The table printed for one compiled run (`what`: the run in a line: model, batch, sharding, dtype)."""
+    """The table printed for one compiled run (`what`: the run in a line: model, batch, sharding, dtype); a run that
+    does not evaluate (r["second"] None) has the train step's column alone."""
     gib = lambda b: f"{b / GIB:.3f}" if b == 0 or b >= GIB / 1000 else "<0.001"  # noqa: E731
     train, evaluate = totals(r)
     hbm = target.hbm_bytes
     frozen = r.get("frozen", 0)  # a live teacher's params (run_distill.py --mode gkd), held beside both steps
     others = r["train"]["arguments"] - r["params"] - r["optimizer"] - r["train_batch"] - frozen
-    rows = [("parameters", gib(r["params"]), gib(r["params"])),
-            *([("teacher parameters", gib(frozen), gib(frozen))] if frozen else []),
-            ("optimizer state", gib(r["optimizer"]), gib(r["optimizer"])),  # the eval step runs beside it
-            ("batch", gib(r["train_batch"]), gib(r["eval_batch"])),
-            ("temporaries", gib(r["train"]["temporaries"]), gib(r["eval"]["temporaries"])),
-            ("code", gib(r["train"]["code"]), gib(r["eval"]["code"])),
-            ("other in and out", gib(others + r["train"]["outputs"]),
-             gib(r["eval"]["arguments"] - r["params"] - r["eval_batch"] + r["eval"]["outputs"])),
-            ("total", gib(train), gib(evaluate)),
-            ("headroom", gib(hbm - train), gib(hbm - evaluate))]
+    rows = [("parameters", r["params"], r["params"]),
+            *([("teacher parameters", frozen, frozen)] if frozen else []),
+            ("optimizer state", r["optimizer"], r["optimizer"]),  # the eval step runs beside it
+            ("batch", r["train_batch"], r["eval_batch"]),
+            ("temporaries", r["train"]["temporaries"], r["eval"] and r["eval"]["temporaries"]),
+            ("code", r["train"]["code"], r["eval"] and r["eval"]["code"]),
+            ("other in and out", others + r["train"]["outputs"],
+             r["eval"] and r["eval"]["arguments"] - r["params"] - r["eval_batch"] + r["eval"]["outputs"]),
+            ("total", train, evaluate),
+            ("headroom", hbm - train, hbm - evaluate)]
+    second = r["second"]
     gen = target.generation
     lines = [f"--compile_for {target.name}: {gen.kind}, topology {target.topology}, {target.num_devices} "
              f"device{'s' if target.num_devices > 1 else ''} on {target.hosts} host{'s' if target.hosts > 1 else ''}, "
              f"{gen.hbm_gib} GiB of HBM per device",
-             what, f"  {'per device (GiB)':<22}{'train step':>14}{'generation' if r['second'] == 'generation' else 'eval step':>14}"]
-    lines += [f"  {name:<22}{a:>14}{b:>14}" for name, a, b in rows]
+             what, f"  {'per device (GiB)':<22}{'train step':>14}"
+                   + (f"{'generation' if second == 'generation' else 'eval step':>14}" if second else "")]
+    lines += [f"  {name:<22}{gib(a):>14}" + (f"{gib(b):>14}" if second else "") for name, a, b in rows]
     compiled, counted = r["compiled_flops"], r["counted_flops"]
     lines.append(f"  FLOPs per device and step: {compiled:.4g} in the compiled program, {counted:.4g} counted by "
                  f"flaxlm.training.flops" if compiled else f"  FLOPs per device and step: {counted:.4g} (counted)")
     lines.append(f"  Pallas kernel calls in the train step: {r['kernels']} (splash attention; an MoE's grouped "
                  f"matmuls)")
-    lines.append(f"  compiled in {r['compile_s'][0]:.1f} s (train step) + {r['compile_s'][1]:.1f} s "
-                 f"({r['second']} step)")
+    lines.append(f"  compiled in {r['compile_s'][0]:.1f} s (train step) + {r['compile_s'][1]:.1f} s ({second} step)"
+                 if second else f"  compiled in {r['compile_s'][0]:.1f} s (train step; no eval step: --do_eval false)")
     return "\n".join(lines)
 
 
