@@ -180,7 +180,7 @@ def load_ours(case, path):
 def jitted(graphdef, params):
     """The forward of (graphdef, params) as one compiled program: f(*inputs) -> logits. A tiny model's forward run
     op by op compiles each op for the case's shapes; one program per case is about 40 % quicker (measured on
-    test_hf_checkpoint_loads_with_its_logits_and_loss, 2026-12-07) and computes the same within the tolerances."""
+    test_parity.py's checkpoint-loading check, 2026-12-07) and computes the same within the tolerances."""
     apply = jax.jit(lambda p, *args: models.apply_model(graphdef, p, *args))
     return lambda *args: apply(params, *args)
 

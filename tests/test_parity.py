@@ -242,7 +242,9 @@ each_family = pytest.mark.parametrize("case", FIRST_OF_EACH_FAMILY, ids=str)
 
 
 @each_case
-def test_hf_checkpoint_loads_with_its_logits_and_loss(case, tmp_path):
+def test_hf_checkpoint_loads_with_its_logits_and_loss_and_we_write_its_tensors(case, tmp_path):
+    """transformers' checkpoint loads into ours with its logits and loss; what we write of it is named and shaped as
+    in that checkpoint (a tied head is not saved)."""
     hf = random_hf(case)
     hf.save_pretrained(tmp_path)
     config, model = load_ours(case, tmp_path)
@@ -250,9 +252,12 @@ def test_hf_checkpoint_loads_with_its_logits_and_loss(case, tmp_path):
     b = batch(case)
     ref = hf_logits(hf, b.hf)
     assert ref.shape == (*b.real_BL.shape, *case.per_position)
-    forward = jitted(*models.split_model(model))
+    graphdef, params = models.split_model(model)
+    forward = jitted(graphdef, params)
     assert_close_at_real(forward(*jnp_args(b)), ref, b.real_BL, case.tol)
     assert_losses_match(case, forward, hf, b)
+    written = models.to_hf_state_dict(config, params)
+    assert {k: v.shape for k, v in written.items()} == saved_keys(tmp_path)
 
 
 @each_case
@@ -277,15 +282,6 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
     assert_losses_match(case, apply, hf, b)
     _, model = load_ours(case, tmp_path)
     assert_same_params(models.split_model(model)[1], params)
-
-
-@each_case
-def test_we_write_the_tensors_transformers_writes(case, tmp_path):
-    """Names and shapes as in transformers' own checkpoint (a tied head is not saved)."""
-    random_hf(case).save_pretrained(tmp_path)
-    config, model = load_ours(case, tmp_path)
-    written = models.to_hf_state_dict(config, models.split_model(model)[1])
-    assert {k: v.shape for k, v in written.items()} == saved_keys(tmp_path)
 
 
 @each_case

@@ -1,5 +1,5 @@
 """run_clm_flax.py end to end: pretraining a tiny GPT-2 from our own tokenizer and config, fine-tuning tiny
-Hugging Face checkpoints that transformers wrote (GPT-2, OPT both layer-norm placements, Llama-style) and
+Hugging Face checkpoints that transformers wrote (GPT-2, OPT-350m's layout, Llama, Gemma 2, two mixtures) and
 reloading the export in transformers, documents and line breaks in the data, exact eval, devices, resume,
 and the bad input the causal-LM pipeline can meet."""
 import json
@@ -94,51 +94,30 @@ def test_a_family_pretrains_from_its_tiny_preset(preset, model_dir_for, corpus, 
     assert our_loss(str(out), ids) == pytest.approx(hf_loss(hf, ids), abs=1e-4)
 
 
-# A tiny transformers model of each causal family for fine-tuning: (class, config fields), vocabulary 320
+# A tiny transformers model for fine-tuning: (class, config fields), vocabulary 320. One of each way a causal
+# checkpoint is laid out and trained: a fused q/k/v with a tied head (GPT-2), OPT-350m's projected embeddings after the
+# norms, an untied head (Llama), soft-capped logits through the fused loss (Gemma 2), a mixture's experts in Mixtral's
+# block_sparse_moe and one expert a tensor as Qwen's. Every family's checkpoints both ways and its logits are
+# tests/test_parity.py's; every family's pretraining script compiling its train step, test_compile_for_families.py's.
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 FINE_TUNE = {
     "gpt2": (transformers.GPT2LMHeadModel, dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
-    "opt": (transformers.OPTForCausalLM, dict(TINY, ffn_dim=48, pad_token_id=1, bos_token_id=0, eos_token_id=2)),
     "opt-350m-shaped": (transformers.OPTForCausalLM, dict(TINY, ffn_dim=48, do_layer_norm_before=False,
                                                           word_embed_proj_dim=16, pad_token_id=1, bos_token_id=0,
                                                           eos_token_id=2)),
     "llama": (transformers.LlamaForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
                                                   tie_word_embeddings=False)),
-    "gpt_neo": (transformers.GPTNeoForCausalLM, dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
-                                                     max_position_embeddings=64, window_size=8,
-                                                     attention_types=[[["global", "local"], 1]])),
-    "gptj": (transformers.GPTJForCausalLM, dict(n_embd=32, n_layer=2, n_head=4, n_inner=48, n_positions=64,
-                                                rotary_dim=4)),
-    "bloom": (transformers.BloomForCausalLM, dict(hidden_size=32, n_layer=2, n_head=4)),
-    # Gemma: head_dim 8, a window of 8 shorter than the rows of 32 (and the 24 compared); Gemma 2's soft-caps small
-    # enough to matter, the final one through the fused loss
-    "gemma": (transformers.GemmaForCausalLM, dict(TINY, num_key_value_heads=2, head_dim=8, intermediate_size=48)),
+    # head_dim 8, a window of 8 shorter than the rows of 32 (and the 24 compared); soft-caps small enough to matter,
+    # the final one through the fused loss
     "gemma2": (transformers.Gemma2ForCausalLM, dict(TINY, num_key_value_heads=2, head_dim=8, intermediate_size=48,
                                                     sliding_window=8, query_pre_attn_scalar=8,
                                                     attn_logit_softcapping=10.0, final_logit_softcapping=5.0)),
-    "gemma3_text": (transformers.Gemma3ForCausalLM, dict(TINY, num_key_value_heads=1, head_dim=8, intermediate_size=48,
-                                                         sliding_window=8, query_pre_attn_scalar=8,
-                                                         layer_types=["sliding_attention", "full_attention"])),
-    # a window of 8, shorter than the rows of 32 and the check's 24 tokens
-    "mistral": (transformers.MistralForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
-                                                      sliding_window=8)),
     # Mistral's with 4 experts of width 16, 2 per token; the checkpoint in the hub's layout (block_sparse_moe, w1-w3)
     "mixtral": (transformers.MixtralForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=16,
                                                       sliding_window=8, num_local_experts=4, num_experts_per_tok=2)),
-    "qwen2": (transformers.Qwen2ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
-                                                  tie_word_embeddings=True)),
-    "qwen3": (transformers.Qwen3ForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48, head_dim=12)),
     # 4 experts of width 16, 2 per token; the checkpoint holds them per expert, as the hub's
     "qwen3_moe": (transformers.Qwen3MoeForCausalLM, dict(TINY, num_key_value_heads=2, head_dim=12, num_experts=4,
                                                          num_experts_per_tok=2, moe_intermediate_size=16)),
-    # 4 routed experts of width 16, 2 per token, and a shared expert of width 24, per expert on disk as the hub's
-    "qwen2_moe": (transformers.Qwen2MoeForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=48,
-                                                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                                                         shared_expert_intermediate_size=24)),
-    # 4 experts of width 16 in every layer, 2 per token, q, k and v clipped at 2; per expert on disk as the hub's
-    "olmoe": (transformers.OlmoeForCausalLM, dict(TINY, num_key_value_heads=2, intermediate_size=16, num_experts=4,
-                                                 num_experts_per_tok=2, clip_qkv=2.0, pad_token_id=1, bos_token_id=0,
-                                                 eos_token_id=2)),
 }
 
 

@@ -316,9 +316,11 @@ class TrainingArgs(MultiHostArgs):
     adafactor: bool = option(False, key="trainer.optimizer.adafactor", help="use Adafactor instead of AdamW (as "
                              "--optim adafactor)")
     optim: str = option("adamw", key="trainer.optimizer.optim",
-                        help="adamw (transformers' adamw_torch and other AdamW names too), adafactor, or muon: Muon "
+                        help="adamw (transformers' adamw_torch and other AdamW names too), adafactor, muon: Muon "
                              "(optax.contrib.muon) for the hidden matrices, AdamW for embeddings, head, norms and "
-                             "biases, the update scaled so that an AdamW learning rate carries over")
+                             "biases, the update scaled so that an AdamW learning rate carries over; or "
+                             "schedule_free_adamw (optax.contrib's; evaluated and exported at its averaged "
+                             "parameters; use with --lr_scheduler_type constant_with_warmup)")
     max_grad_norm: float = option(1.0, minimum=0, key="trainer.optimizer.max_grad_norm",
                                   help="clip gradients to this global norm (0 turns clipping off)")
     warmup_steps: int = option(0, minimum=0, key="trainer.optimizer.warmup_steps",

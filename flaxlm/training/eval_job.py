@@ -13,6 +13,7 @@ from flaxlm.errors import UserError
 from flaxlm.training.checkpoint import Checkpointer, saved_steps
 from flaxlm.training.evaluation import Evaluator
 from flaxlm.training.freeze import as_phases
+from flaxlm.training.optim import eval_params
 from flaxlm.reporting.run_log import RunLog, say
 from flaxlm.training.train_step import initial_state
 
@@ -41,7 +42,7 @@ def evaluate_checkpoints(args, params, objective, tx, eval_rows, mesh, eval_batc
         except Exception as e:  # deleted by --save_total_limit meanwhile, or unreadable: not ours to move
             say(f"checkpoint {checkpointer.path(step)} could not be read ({type(e).__name__}); skipped it")
             return
-        evaluate(state["params"], step, eval_rows)
+        evaluate(eval_params(state), step, eval_rows)  # schedule-free AdamW: its averaged parameters
 
     try:
         if args.eval_checkpoints == "latest":

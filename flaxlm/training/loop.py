@@ -22,6 +22,7 @@ from flaxlm.training.evaluation import Evaluator
 from flaxlm.training.flops import mesh_peak_flops
 from flaxlm.training.freeze import as_phases
 from flaxlm.training.objective import collate_rng
+from flaxlm.training.optim import eval_params
 from flaxlm.training.preemption import StopOnSignal
 from flaxlm.training.progress import TrainProgress
 from flaxlm.reporting.run_log import say
@@ -65,7 +66,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
     try:
         with StopOnSignal() as stop:
             if args.eval_at_start and start == 0 and evaluating:
-                evaluate(state["params"], 0, eval_rows)
+                evaluate(eval_params(state), 0, eval_rows)
             for step in range(start, total_steps):
                 t_data = time.perf_counter()  # the host's data work for this step
                 rows = step_rows(train_rows, step, layout.local_rows, state, saver, start, total_steps)
@@ -91,7 +92,7 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
                     if hasattr(train_rows, "log_fields"):  # a mixture: each source's rows, tokens and epochs
                         log.write(done, "data", train_rows.log_fields(done))
                 if evaluating and (done % (args.eval_steps or args.logging_steps) == 0 or done == total_steps):
-                    evaluate(state["params"], done, eval_rows)
+                    evaluate(eval_params(state), done, eval_rows)
                     progress.restart_clock()  # eval time is not train time
                 if saver.due(done, total_steps):
                     saver.save(done, state)
@@ -102,10 +103,11 @@ def train(*, args, params, objective, tx, schedule, train_rows, eval_rows, mesh,
         saver.close()
     progress.close()
     if start >= total_steps and evaluating:  # nothing to train: evaluate only
-        evaluate(state["params"], start, eval_rows)
+        evaluate(eval_params(state), start, eval_rows)
     if test_rows is not None:
-        evaluate(state["params"], max(start, total_steps), test_rows, "test")
-    return gather_to_host_readable(state["params"])  # fsdp over hosts: whole arrays for the export
+        evaluate(eval_params(state), max(start, total_steps), test_rows, "test")
+    # fsdp over hosts: whole arrays for the export; schedule-free AdamW's averaged parameters
+    return gather_to_host_readable(eval_params(state))
 
 
 def step_rows(train_rows, step, local, state, saver, start, total_steps):

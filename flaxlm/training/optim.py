@@ -1,11 +1,14 @@
-"""Optimizers (--optim: AdamW, Adafactor, Muon) following a schedule of transformers' (--lr_scheduler_type,
-flaxlm.training.schedules), with clipping and masked weight decay."""
+"""Optimizers (--optim: AdamW, Adafactor, Muon, schedule-free AdamW) following a schedule of transformers'
+(--lr_scheduler_type, flaxlm.training.schedules), with clipping and masked weight decay; eval_params, the parameters
+a run evaluates and exports."""
+import jax
 import optax
+from optax.contrib import ScheduleFreeState, schedule_free
 
 from flaxlm.errors import UserError
 from flaxlm.training.schedules import make_schedule, warmup_steps_of
 
-OPTIMIZERS = ("adamw", "adafactor", "muon")
+OPTIMIZERS = ("adamw", "adafactor", "muon", "schedule_free_adamw")
 # transformers' --optim names of AdamW, every one computing AdamW's update (fused, on other devices, in other
 # precisions of the same math): they all run optax.adamw here
 ADAMW_NAMES = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xla", "adamw_torch_npu_fused",
@@ -77,8 +80,43 @@ def _base_optimizer(name, args, schedule, decay_mask, params, vocab_size, config
             raise ValueError("--optim muon needs the params (which of them are matrices)")
         from flaxlm.training.muon import muon_optimizer
         return muon_optimizer(schedule, params, args, decay_mask, vocab_size, config)
+    if name == "schedule_free_adamw":
+        return schedule_free_adamw(schedule, args, decay_mask)
     return optax.adamw(schedule, b1=args.adam_beta1, b2=args.adam_beta2, eps=args.adam_epsilon,
                        weight_decay=args.weight_decay, mask=decay_mask)
+
+
+def schedule_free_adamw(schedule, args, decay_mask):
+    """Schedule-free AdamW (Defazio et al. 2024) as optax.contrib.schedule_free_adamw builds it, its weight decay on
+    the decay mask: Adam's second moment without momentum, inside optax.contrib.schedule_free's averaging (b1:
+    --adam_beta1). The params it trains are the point where gradients are taken; eval_params gives the average a run
+    evaluates and exports."""
+    base = optax.chain(optax.scale_by_rms(decay=args.adam_beta2, eps=args.adam_epsilon, eps_in_sqrt=False,
+                                          bias_correction=True),
+                       optax.add_decayed_weights(args.weight_decay, decay_mask),
+                       optax.scale_by_learning_rate(schedule))
+    return schedule_free(base, learning_rate=schedule, b1=args.adam_beta1)
+
+
+def _is_schedule_free(node):
+    return isinstance(node, ScheduleFreeState)
+
+
+def eval_params(state):
+    """The parameters a train state evaluates and exports: state["params"], or under schedule-free AdamW its
+    averaged iterate x = (y - (1 - b1) z) / b1 (optax.contrib.schedule_free_eval_params), for each parameter its
+    schedule-free state holds (--train_only's frozen ones: theirs as they are)."""
+    found = [n for n in jax.tree.leaves(state["opt_state"], is_leaf=_is_schedule_free) if _is_schedule_free(n)]
+    return _averaged(state["params"], found) if found else state["params"]
+
+
+@jax.jit
+def _averaged(params, schedule_free_states):
+    x = params
+    for s in schedule_free_states:
+        x = jax.tree.map(lambda x_, y, z: x_ if isinstance(z, optax.MaskedNode) else (y - (1 - s.b1) * z) / s.b1,
+                         x, params, s.z)
+    return x
 
 
 def _clipped(args, tx):

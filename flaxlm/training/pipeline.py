@@ -391,6 +391,11 @@ def run_optimizer(args, params, total_steps, vocab_size=None, config=None):
     if optimizer_name(args) == "muon":
         from flaxlm.training.muon import describe
         say(describe(params, vocab_size, config))
+    if optimizer_name(args) == "schedule_free_adamw":
+        schedule = getattr(args, "lr_scheduler_type", "linear") or "linear"
+        say("--optim schedule_free_adamw: evaluation and the export use its averaged parameters"
+            + ("" if schedule.startswith("constant") else f"; it is meant for a constant rate after warmup (--lr_"
+               f"scheduler_type constant_with_warmup), the rate follows {schedule} as asked"))
     return make_optimizer(args, total_steps, decay_mask(params), trainable, params=params, vocab_size=vocab_size,
                           config=config)
 
