@@ -1,4 +1,4 @@
-"""evaluate_lm.py: every causal family's tiny preset scored as transformers scores its export, sliding windows against
+"""evaluate_lm.py: causal families' tiny presets scored as transformers scores their export, sliding windows against
 a token-by-token computation, figures that do not depend on the tokenizer, and its one-line errors."""
 import json
 import math
@@ -55,7 +55,17 @@ def token_by_token(hf, seq, max_length, stride):
     return total
 
 
-@pytest.mark.parametrize("model_type", CAUSAL_LM_TYPES)
+# One family of each way of placing tokens (learned positions, OPT's offset ones, RoPE, ALiBi), of windowed and
+# soft-capped attention and of a mixture: evaluate_lm.py runs every family through the same model call, whose logits
+# are each family's in tests/test_parity.py.
+SCORED = ["gpt2", "opt", "llama", "bloom", "mistral", "gemma2", "qwen3_moe"]
+
+
+def test_the_scored_families_are_causal():
+    assert set(SCORED) <= set(CAUSAL_LM_TYPES)
+
+
+@pytest.mark.parametrize("model_type", SCORED)
 def test_scores_equal_transformers_on_the_export(model_type, model_dir_for, text_file, tmp_path, capsys):
     from transformers import AutoTokenizer
     hf = hf_export(model_dir_for(tiny_preset(model_type)), tmp_path / "export")

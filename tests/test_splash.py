@@ -116,12 +116,12 @@ def test_splash_asked_for_a_model_it_cannot_compute_says_so_in_one_line(preset, 
 
 
 SPLASH = [t for t, f in FAMILIES.items() if not f.no_splash]
-# one family for each kind of attention the kernel computes: bidirectional with padding (BERT), causal with grouped
-# queries (Llama), a sliding window (Mistral), soft-capping and alternating windows (Gemma 2), bidirectional local
-# windows (ModernBERT), attention beside a mixture's experts (Qwen3-MoE). That every family hands its attention
+# one family for each kind of attention the kernel computes: causal with grouped queries (Llama), a sliding window
+# (Mistral), soft-capping and alternating windows (Gemma 2), bidirectional with padding, global and local windows
+# (ModernBERT: its global layers attend as BERT's), attention beside a mixture's experts (Qwen3-MoE). That every family hands its attention
 # implementation to each attention call is tests/test_layer_stack.py's check, on CPU, for all of them; that each
 # family compiles for a TPU slice, tests/test_compile_for_families.py's.
-KINDS = ["bert", "llama", "mistral", "gemma2", "modernbert", "qwen3_moe"]
+KINDS = ["llama", "mistral", "gemma2", "modernbert", "qwen3_moe"]
 NO_DROPOUT = {"attention_probs_dropout_prob": 0.0, "attention_dropout": 0.0, "attn_pdrop": 0.0}
 
 
