@@ -13,8 +13,13 @@ from tpu_compile import compile_for_v5e_8, needs_libtpu, tiny_preset, tokenizer_
 MOE = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe")  # the mixture-of-experts families (flaxlm.models.moe)
 
 
+# XLM-RoBERTa and CamemBERT are RoBERTa's model under other names (the same module and positions): their program is
+# RoBERTa's
+COMPILED = [t for t in FAMILIES if t not in ("xlm-roberta", "camembert")]
+
+
 @needs_libtpu
-@pytest.mark.parametrize("model_type", list(FAMILIES))
+@pytest.mark.parametrize("model_type", COMPILED)
 def test_tiny_preset_compiles_for_a_v5e_8_with_fsdp(model_type, model_dir_for, corpus, capsys):
     model_dir = model_dir_for(tiny_preset(model_type), tokenizer_kind(model_type))
     r = compile_for_v5e_8(model_type, model_dir, corpus, "xla", 32, "--do_eval", "false")
