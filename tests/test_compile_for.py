@@ -1,6 +1,6 @@
 """--compile_for: TPU slices by name, the TPU compiler's HBM per device, a run that does not fit, the errors a user
-can cause, the scripts that fine-tune, ELECTRA's pair, train.py's key, and bench/run.py's target (every family's
-pretraining script: tests/test_compile_for_families.py)."""
+can cause, the scripts that fine-tune, ELECTRA's pair, train.py's key, and bench/run.py's target (each model
+module's pretraining script: tests/test_compile_for_families.py)."""
 import json
 import os
 import pathlib
@@ -104,7 +104,7 @@ def test_auto_attention_is_splash_from_v4_on_and_xla_on_v3(model_dir_for, corpus
     llama_dir = model_dir_for("llama-tiny", model_max_length=128)
 
     def kernels(slice_, *extra):
-        argv = clm_args(llama_dir, corpus, "--compile_for", slice_, *extra)
+        argv = clm_args(llama_dir, corpus, "--compile_for", slice_, "--do_eval", "false", *extra)
         argv[argv.index("--block_size") + 1] = "128"
         return run_clm_flax.main(argv)["kernels"]
     assert kernels("v3-8") == 0 and kernels("v4-8") >= 2  # the forward and backward kernels
@@ -135,10 +135,12 @@ def test_a_run_too_big_for_the_slice_is_one_line_with_what_would_help(gpt2_dir, 
 
 
 def test_electra_pair_compiles(model_dir_for, corpus, capsys):
+    """DeBERTa-v3's pair (gdes sharing) compiles its train step for a slice with FSDP (the eval step, both models'
+    forward, is the train step's without the update: --do_eval false halves the test's time)."""
     gen, disc = model_dir_for("deberta-v3-tiny-generator"), model_dir_for("deberta-v3-tiny")
     r = run_electra_flax.main(["--config_name", disc, "--generator_config_name", gen, "--tokenizer_name", disc,
                                "--train_file", corpus["train"], "--max_seq_length", "32", "--embedding_sharing",
-                               "gdes", "--compile_for", "v5e-8", "--sharding", "fsdp"])
+                               "gdes", "--compile_for", "v5e-8", "--sharding", "fsdp", "--do_eval", "false"])
     assert r["compiled_flops"] > 0 and "fits v5e-8" in capsys.readouterr().out
 
 

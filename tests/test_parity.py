@@ -235,8 +235,8 @@ GREEDY = [CASE["gpt2-tied"], CASE["opt-post_ln_projected"], CASE["llama-gqa-unti
 AUTO = {"encoder": transformers.AutoModelForMaskedLM, "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
         "causal": transformers.AutoModelForCausalLM, "replaced-token": transformers.AutoModelForPreTraining}
 each_case = pytest.mark.parametrize("case", CASES, ids=str)
-# the first case of each family: for the checks of what a family's cases share (its dtype handling, its dropout),
-# where a case's shape options (ties, windows, head sizes) change nothing
+# the first case of each family: for the checks of what a family's cases share (its dtype handling, its dropout, its
+# loading's strictness), where a case's shape options (ties, windows, head sizes) change nothing
 FIRST_OF_EACH_FAMILY = list({c.model_type: c for c in reversed(CASES)}.values())[::-1]
 each_family = pytest.mark.parametrize("case", FIRST_OF_EACH_FAMILY, ids=str)
 
@@ -284,10 +284,11 @@ def test_our_checkpoint_loads_in_transformers(case, tmp_path):
     assert_same_params(models.split_model(model)[1], params)
 
 
-@each_case
+@each_family
 def test_loading_is_strict(case):
     """A missing tensor (one of layer 1), an unexpected one (that tensor of a layer 9 the config lacks) and one
-    of the wrong shape are each a one-line error naming it."""
+    of the wrong shape are each a one-line error naming it. Once a family: the check of the names is flaxlm.models.
+    hf_io's for every case, and each case's names are test_hf_checkpoint_loads_..._we_write_its_tensors'."""
     config = case.config()
     tensors = models.to_hf_state_dict(config, models.split_model(models.create_model(config, task=case.task))[1])
     name = next(n for n in tensors if ".1." in n)

@@ -77,7 +77,7 @@ def test_pretrain_export_loads_in_transformers_with_our_loss(model_dir, corpus, 
 
 # Presets of the families whose layers differ most (soft-capping and alternating windows, ALiBi, local attention, a
 # mixture with a shared expert). Every family runs run_clm_flax.py end to end in test_fine_tune_a_hugging_face_
-# checkpoint or below; every tiny preset compiles its train step in tests/test_compile_for_families.py and
+# checkpoint or below; each model module's tiny preset compiles its train step in tests/test_compile_for_families.py and
 # round-trips in tests/test_create_config.py; every family's export loads in transformers in tests/test_parity.py.
 @pytest.mark.parametrize("preset", ["gemma2-tiny", "bloom-tiny", "gpt_neo-tiny", "qwen2-moe-tiny"])
 def test_a_family_pretrains_from_its_tiny_preset(preset, model_dir_for, corpus, tmp_path):
@@ -98,7 +98,8 @@ def test_a_family_pretrains_from_its_tiny_preset(preset, model_dir_for, corpus, 
 # checkpoint is laid out and trained: a fused q/k/v with a tied head (GPT-2), OPT-350m's projected embeddings after the
 # norms, an untied head (Llama), soft-capped logits through the fused loss (Gemma 2), a mixture's experts in Mixtral's
 # block_sparse_moe and one expert a tensor as Qwen's. Every family's checkpoints both ways and its logits are
-# tests/test_parity.py's; every family's pretraining script compiling its train step, test_compile_for_families.py's.
+# tests/test_parity.py's; each model module's pretraining script compiling its train step,
+# test_compile_for_families.py's.
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 FINE_TUNE = {
     "gpt2": (transformers.GPT2LMHeadModel, dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),

@@ -84,9 +84,11 @@ def model_dir(model_dir_for):
     return model_dir_for("gpt2-tiny")
 
 
-def wsd_run(model_dir, corpus, out, max_steps, decay, *flags):
+def wsd_run(model_dir, corpus, out, max_steps, decay, *flags, save_steps=100):
+    """The run's {step: (loss, rate)}; a checkpoint every save_steps steps (a save is ~0.9 s of a test's time here:
+    only the runs resumed from save more than their last step)."""
     args = run_args(model_dir, corpus, out, "--block_size", "32", "--learning_rate", "3e-3", "--max_steps",
-                    str(max_steps), "--save_steps", "1", "--do_eval", "false", "--lr_scheduler_type",
+                    str(max_steps), "--save_steps", str(save_steps), "--do_eval", "false", "--lr_scheduler_type",
                     "warmup_stable_decay", "--lr_scheduler_kwargs", f'{{"num_decay_steps": {decay}}}', *flags)
     run_clm_flax.main(args)
     return {r["step"]: (r["loss"], r["learning_rate"]) for r in read_metrics(out)}
@@ -99,11 +101,11 @@ def test_wsd_branches_a_cooldown_continues_and_resumes_as_a_straight_run(model_d
     down; a resume of the straight run inside its warmup (step 1) and cooldown (step 6) gives the same steps (the
     branch and the continued run are resumes inside the stable phase). Exactly: the same programs on the same state
     (a rate of the same value)."""
-    straight = wsd_run(model_dir, corpus, tmp_path / "straight", 8, 3)
+    straight = wsd_run(model_dir, corpus, tmp_path / "straight", 8, 3, save_steps=1)
     rates = [straight[s][1] for s in range(1, 9)]
     assert rates[:2] == pytest.approx([0.0, 1.5e-3]) and rates[2:6] == pytest.approx([3e-3] * 4)
     assert rates[5] > rates[6] > rates[7] > 0  # the cooldown: steps 6-8 (transformers' starts at the peak)
-    long = wsd_run(model_dir, corpus, tmp_path / "long", 12, 3)
+    long = wsd_run(model_dir, corpus, tmp_path / "long", 12, 3, save_steps=2)
     assert [long[s] for s in range(1, 6)] == [straight[s] for s in range(1, 6)]
     branch = wsd_run(model_dir, corpus, tmp_path / "branch", 8, 3, "--resume_from_checkpoint",
                      str(tmp_path / "long" / "checkpoints" / "4"))

@@ -120,7 +120,7 @@ SPLASH = [t for t, f in FAMILIES.items() if not f.no_splash]
 # (Mistral), soft-capping and alternating windows (Gemma 2), bidirectional with padding, global and local windows
 # (ModernBERT: its global layers attend as BERT's), attention beside a mixture's experts (Qwen3-MoE). That every family hands its attention
 # implementation to each attention call is tests/test_layer_stack.py's check, on CPU, for all of them; that each
-# family compiles for a TPU slice, tests/test_compile_for_families.py's.
+# model module compiles for a TPU slice, tests/test_compile_for_families.py's.
 KINDS = ["llama", "mistral", "gemma2", "modernbert", "qwen3_moe"]
 NO_DROPOUT = {"attention_probs_dropout_prob": 0.0, "attention_dropout": 0.0, "attn_pdrop": 0.0}
 
