@@ -65,7 +65,7 @@ def main(argv=None):
     p.add_argument("--warmup_steps", type=int, default=30)
     p.add_argument("--cooldown", type=float, default=0.2, help="WSD: the share of the steps that decays")
     p.add_argument("--evals", type=int, default=12, help="held-out evaluations over the run")
-    p.add_argument("--adamw_rates", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
+    p.add_argument("--adamw_rates", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3, 1e-2])
     p.add_argument("--muon_rates", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS))
     p.add_argument("--seed", type=int, default=0)

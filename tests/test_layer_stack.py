@@ -98,7 +98,10 @@ def test_scan_equals_the_loop(family):
     assert_same_as_the_loop(family, Execution(scan=True))
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+# Remat wraps each layer's call the same way in every family (flaxlm.models.layer_stack): checked on the families whose
+# layers the stack runs in other ways (ModernBERT's first layer apart, Gemma 2's local/global pairs, T5's two
+# stacks), RoBERTa's under every policy below. GPT-2, OPT and Llama, one plain layer after another, took 5-9 s each.
+@pytest.mark.parametrize("family", ["gemma2", "modernbert", "t5"])
 def test_full_remat_equals_the_loop(family):
     assert_same_as_the_loop(family, Execution(remat="full"))
 

@@ -388,10 +388,11 @@ def run_optimizer(args, params, total_steps, vocab_size=None, config=None):
     elif trainable is not None:
         say(freeze.describe(params, trainable, args.freeze_steps, total_steps))
     from flaxlm.training.optim import optimizer_name
-    if optimizer_name(args) == "muon":
+    optim = optimizer_name(args)
+    if optim == "muon":
         from flaxlm.training.muon import describe
         say(describe(params, vocab_size, config))
-    if optimizer_name(args) == "schedule_free_adamw":
+    elif optim == "schedule_free_adamw":
         schedule = getattr(args, "lr_scheduler_type", "linear") or "linear"
         say("--optim schedule_free_adamw: evaluation and the export use its averaged parameters"
             + ("" if schedule.startswith("constant") else f"; it is meant for a constant rate after warmup (--lr_"
