@@ -14,7 +14,6 @@ from flaxlm.models.presets import PRESETS, build_config, parse_overrides
 from flaxlm.models.t5 import ties_embeddings
 
 
-
 def count_params(config):
     """Parameters of the model `config` describes, built abstractly (from one and two layers: checked below)."""
     return models.count_config_params(config)
@@ -355,9 +354,9 @@ def test_list_presets():
     """Every preset on a line with its size: each preset's model builds (a size, never '?')."""
     result = run_script("--list_presets")
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == list(PRESETS)
-    assert all(line.split()[2] != "?" and line.split()[3] == "params" for line in lines), result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()]  # name, model_type, size, "params", ...
+    assert [row[0] for row in rows] == list(PRESETS)
+    assert all(row[2] != "?" and row[3] == "params" for row in rows), result.stdout
     assert "125M" in result.stdout
 
 
