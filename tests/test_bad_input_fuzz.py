@@ -482,6 +482,26 @@ def distill_cases():
     ]
 
 
+def rope_cases():
+    """--rope_scaling (context extension) on run_clm_flax.py: gpt2-tiny has learned positions, qwen3-tiny 256 RoPE
+    positions."""
+    s, yarn = "run_clm_flax", '{"rope_type": "yarn", "factor": 2}'
+    return [
+        Case(s, "rope scaling without rotary positions", lambda e: {"rope_scaling": yarn},
+             r"--rope_scaling changes rotary position embeddings, and gpt2 has none"),
+        Case(s, "rope scaling not JSON", lambda e: {"rope_scaling": "yarn"}, r"--rope_scaling is not JSON"),
+        Case(s, "rope scaling dynamic", lambda e: {"config_name": e.qwen3,
+                                                   "rope_scaling": '{"rope_type": "dynamic", "factor": 2}'},
+             r"--rope_scaling dynamic is an inference-time scaling .* use yarn"),
+        Case(s, "rope scaling without a factor", lambda e: {"config_name": e.qwen3,
+                                                            "rope_scaling": '{"rope_type": "yarn"}'},
+             r"--rope_scaling yarn needs a factor of at least 1"),
+        Case(s, "block past the extended context", lambda e: {"config_name": e.qwen3, "rope_scaling": yarn,
+                                                              "max_seq_length": 1024},
+             r"--block_size 1024 is larger than the model's 512 positions"),
+    ]
+
+
 def upcycle_cases():
     s = "upcycle_moe"
     return [
@@ -515,7 +535,7 @@ CASES = ([c for s in ("run_clm_flax", "run_mlm_flax", "run_t5_mlm_flax", "train_
                       "generate", "run_grpo", "run_distill", "upcycle_moe") for c in common_cases(s)]
          + [c for s in TRAINING for c in training_cases(s)]
          + tokenizer_cases() + config_cases() + generate_cases() + fill_cases("fill_mask") + fill_cases("fill_spans")
-         + grpo_cases() + distill_cases() + upcycle_cases())
+         + grpo_cases() + distill_cases() + upcycle_cases() + rope_cases())
 # one case per script, run as a real process: exit code and stderr end to end
 SUBPROCESS = {"run_clm_flax": "tokenizer dir without a tokenizer", "run_mlm_flax": "non-UTF-8 csv",
               "run_t5_mlm_flax": "config.json not JSON", "train_tokenizer": "non-UTF-8 streamed",

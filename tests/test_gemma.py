@@ -44,11 +44,11 @@ def test_released_shapes_have_transformers_layer_pattern(name):
     assert len(model.layers) == len(config.layer_types) == config.num_hidden_layers
     for layer, kind in zip(model.layers, config.layer_types):
         assert layer.attn.window == (config.sliding_window if kind == "sliding_attention" else None)
-        np.testing.assert_allclose(np.asarray(layer.attn.inv_freq, np.float32), rope.get(kind, rope.get(None)),
+        np.testing.assert_allclose(np.asarray(layer.attn.rotation.inv_freq, np.float32), rope.get(kind, rope.get(None)),
                                    rtol=2e-7, atol=0)
         assert layer.attn.scale == 256 ** -0.5
     windows = [layer.attn.window for layer in model.layers]
-    inv_freq = [layer.attn.inv_freq for layer in model.layers]
+    inv_freq = [layer.attn.rotation.inv_freq for layer in model.layers]
     if name == "gemma-2-9b":  # sliding, global, sliding, ...: one RoPE, soft-capped
         assert windows == [4096, None] * 21 and len(set(inv_freq)) == 1
         assert all(layer.attn.softcap == 50.0 for layer in model.layers) and model.logit_softcap == 30.0

@@ -10,7 +10,7 @@ import transformers
 from flaxlm import models
 from flaxlm.errors import UserError
 from flaxlm.models import llama
-from flaxlm.models.llama import inverse_frequencies
+from flaxlm.models.rope import rope_of
 from parity import assert_load_fails, assert_same_params, batch, jnp_args
 from test_parity import CASE, CASES
 
@@ -23,7 +23,7 @@ def test_rope_frequencies_are_transformers_buffers(case, tmp_path):
     hf = case.hf_class(case.config())
     hf.config.save_pretrained(tmp_path)
     model = models.create_model(models.load_config(tmp_path))
-    np.testing.assert_allclose(np.asarray(model.inv_freq, np.float32), hf.model.rotary_emb.inv_freq.numpy(),
+    np.testing.assert_allclose(np.asarray(model.rope.inv_freq, np.float32), hf.model.rotary_emb.inv_freq.numpy(),
                                rtol=2e-7, atol=0)  # torch's float32 pow may differ by an ulp
 
 
@@ -92,10 +92,8 @@ def test_old_and_bare_checkpoints_accepted():
 
 
 def test_config_errors():
-    with pytest.raises(UserError, match="rope_type 'dynamic'.*supported: default, linear, llama3"):
-        models.create_model(LLAMA.config(rope_parameters={"rope_type": "dynamic", "factor": 2.0}))
-    with pytest.raises(UserError, match="rope_type 'yarn'"):
-        models.create_model(LLAMA.config(rope_scaling={"rope_type": "yarn", "factor": 2.0}))
+    with pytest.raises(UserError, match="rope_type 'proportional'.*supported: default, linear, dynamic, yarn"):
+        models.create_model(LLAMA.config(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}))
     with pytest.raises(UserError, match="hidden_act"):
         models.create_model(LLAMA.config(hidden_act="mish"))
     with pytest.raises(UserError, match="num_key_value_heads 3"):
@@ -107,11 +105,11 @@ def test_rope_frequencies_for_a_transformers4_config_object():
     frequencies as transformers 5's conversion."""
     class Old:
         rope_theta, rope_scaling, max_position_embeddings = 500.0, {"type": "linear", "factor": 2.0}, 64
-    linear = inverse_frequencies(CASE["llama-rope-linear-legacy"].config(), 8)
-    np.testing.assert_array_equal(inverse_frequencies(Old(), 8), linear)
-    np.testing.assert_array_equal(linear, np.float32(inverse_frequencies(LLAMA.config(rope_theta=500.0), 8)) / 2)
+    linear = rope_of(CASE["llama-rope-linear-legacy"].config(), 8).inv_freq
+    np.testing.assert_array_equal(rope_of(Old(), 8).inv_freq, linear)
+    np.testing.assert_array_equal(linear, np.float32(rope_of(LLAMA.config(rope_theta=500.0), 8).inv_freq) / 2)
     # llama3 (wavelengths 2 pi / f against 32 / 4 and 32 / 1): kept, smoothly scaled, divided by factor 8
-    f, f0 = (np.float32(inverse_frequencies(c, 16)) for c in (CASE["llama-rope-llama3"].config(), LLAMA.config()))
+    f, f0 = (np.float32(rope_of(c, 16).inv_freq) for c in (CASE["llama-rope-llama3"].config(), LLAMA.config()))
     assert f[0] == f0[0] and f0[1] / 8 < f[1] < f0[1] and np.allclose(f[2:], f0[2:] / 8, rtol=1e-6)
 
 

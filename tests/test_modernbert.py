@@ -33,7 +33,7 @@ UNTIED = CASE["modernbert-biases-untied-relu"]
 def assert_rope_buffers(model, config):
     """Our inverse frequencies of local and global layers are transformers' buffers (to torch's float32 pow)."""
     rotary = ModernBertRotaryEmbedding(config)
-    for ours, kind in zip(model.inv_freq, ("sliding_attention", "full_attention")):
+    for ours, kind in zip((r.inv_freq for r in model.ropes), ("sliding_attention", "full_attention")):
         np.testing.assert_allclose(np.float32(ours), getattr(rotary, f"{kind}_inv_freq").numpy(), rtol=2e-7, atol=0)
 
 

@@ -73,6 +73,12 @@ class ModelArgs(ModelLoadingArgs):
                                           help="with --model_type alone: changes to its default config, as in Hugging "
                                                "Face's run_mlm.py (hidden_size=64,num_hidden_layers=2)")
     config_name: str | None = option(key="task.model.config_name", help="directory (or hub name) holding config.json")
+    rope_scaling: str | None = option(key="task.model.rope_scaling",
+                                      help="extend the model's context: its RoPE replaced by these rope_parameters "
+                                           "(JSON, transformers' keys), e.g. '{\"rope_type\": \"yarn\", \"factor\": "
+                                           "4.0}'; original_max_position_embeddings: the model's positions unless "
+                                           "given; max_position_embeddings becomes original * factor, so --block_size "
+                                           "may grow to it (docs/long-context.md)")
     use_fast_tokenizer: bool = option(True, key="task.model.use_fast_tokenizer",
                                       help="accepted for compatibility; tokenizers are always fast")
     token: str | None = option(key="task.model.token",

@@ -21,7 +21,8 @@ from flaxlm.models.decoder import CausalLM
 from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, with_prefix
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import RMSNorm, activation, attention, compute_dtype, dense, embed, fold_key
-from flaxlm.models.llama import checked_heads, fused_dense, heads, inverse_frequencies, rope
+from flaxlm.models.llama import checked_heads, fused_dense, heads
+from flaxlm.models.rope import rope, rope_of
 
 
 def norm(dim, eps):
@@ -30,11 +31,11 @@ def norm(dim, eps):
 
 
 class Attention(nnx.Module):
-    """Grouped-query attention with RoPE (inv_freq: this layer's frequencies), scores scaled by `scale`; window:
+    """Grouped-query attention with RoPE (rotation: this layer's Rope), scores scaled by `scale`; window:
     a sliding window (None: global); softcap: attention logit soft-capping; qk_norm: (1 + w) RMSNorms of each
     query and key head before RoPE (Gemma 3)."""
 
-    def __init__(self, config, dtype, rngs, execution, *, inv_freq, scale, window=None, softcap=None,
+    def __init__(self, config, dtype, rngs, execution, *, rotation, scale, window=None, softcap=None,
                  qk_norm=False):
         (N, K, H), D = heads(config), config.hidden_size
         bias, std = config.attention_bias, config.initializer_range
@@ -46,7 +47,7 @@ class Attention(nnx.Module):
             self.q_norm, self.k_norm = norm(H, config.rms_norm_eps), norm(H, config.rms_norm_eps)
         self.qk_norm = qk_norm
         self.num_heads, self.kv_heads, self.head_dim = N, K, H
-        self.inv_freq, self.scale, self.window, self.softcap = inv_freq, scale, window, softcap
+        self.rotation, self.scale, self.window, self.softcap = rotation, scale, window, softcap
         self.dropout_rate = config.attention_dropout
         self.implementation = execution.attention_implementation
 
@@ -56,7 +57,7 @@ class Attention(nnx.Module):
         q_BTNH, k_BTKH = q_MX.reshape(B, T, N, H), k_MX.reshape(B, T, K, H)
         if self.qk_norm:
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
-        q_BTNH, k_BTKH = rope(q_BTNH, positions_BT, self.inv_freq), rope(k_BTKH, positions_BT, self.inv_freq)
+        q_BTNH, k_BTKH = rope(q_BTNH, positions_BT, self.rotation), rope(k_BTKH, positions_BT, self.rotation)
         v_BTKH = v_MX.reshape(B, T, K, H)
         if kv is None:
             o_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask_BL, causal=True, scale=self.scale,
@@ -131,12 +132,14 @@ class GemmaForCausalLM(CausalLM):
             self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.logit_softcap = self.final_softcap(config)
         self.kv_heads, self.head_dim = K, H
-        self.max_positions = config.max_position_embeddings
+        # dynamic RoPE's base grows past max_position_embeddings: it exists to run longer sequences
+        dynamic = any(layer.attn.rotation.ntk_factor for layer in self.layers)
+        self.max_positions = None if dynamic else config.max_position_embeddings
 
     def make_layer(self, config, i, rngs):
         """Layer i: Gemma's are alike (global attention scaled by head_dim**-0.5)."""
         return Block(config, self.dtype, rngs, self.execution, gemma_activation(config),
-                     inv_freq=inverse_frequencies(config, heads(config)[2]), scale=heads(config)[2] ** -0.5)
+                     rotation=rope_of(config, heads(config)[2]), scale=heads(config)[2] ** -0.5)
 
     def final_softcap(self, config):
         """The final logit soft-cap (None: none)."""

@@ -14,7 +14,8 @@ from flaxlm.errors import UserError
 from flaxlm.models.family import Family
 from flaxlm.models.gemma import Block as GemmaBlock
 from flaxlm.models.gemma import GemmaForCausalLM, norm, normalize as gemma_normalize, tensor_names as gemma_tensor_names
-from flaxlm.models.llama import heads, inverse_frequencies
+from flaxlm.models.llama import heads
+from flaxlm.models.rope import rope_of
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -54,7 +55,7 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
     def make_layer(self, config, i, rngs):
         H = heads(config)[2]
         return Block(config, self.dtype, rngs, self.execution, config.hidden_activation,
-                     inv_freq=inverse_frequencies(config, H), scale=config.query_pre_attn_scalar ** -0.5,
+                     rotation=rope_of(config, H), scale=config.query_pre_attn_scalar ** -0.5,
                      window=window(config, layer_types(config)[i]), softcap=config.attn_logit_softcapping)
 
     def final_softcap(self, config):

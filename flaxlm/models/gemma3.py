@@ -15,18 +15,18 @@ from flaxlm.errors import UserError
 from flaxlm.models.family import Family
 from flaxlm.models.gemma import normalize as gemma_normalize, tensor_names as gemma_tensor_names
 from flaxlm.models.gemma2 import Block, Gemma2ForCausalLM, layer_types, window
-from flaxlm.models.llama import heads, inverse_frequencies
+from flaxlm.models.llama import heads
+from flaxlm.models.rope import rope_of
 
 
-def rope_frequencies(config, layer_type):
-    """The inverse frequencies of a layer type's RoPE (config.rope_parameters[layer_type])."""
+def layer_rope(config, layer_type):
+    """The Rope of a layer type (config.rope_parameters[layer_type])."""
     params = (getattr(config, "rope_parameters", None) or {}).get(layer_type)
     if not params:
         raise UserError(f"config.json's rope_parameters has no entry for {layer_type}; give both "
                         f"sliding_attention and full_attention")
-    return inverse_frequencies(SimpleNamespace(rope_parameters=params,
-                                               max_position_embeddings=config.max_position_embeddings),
-                               heads(config)[2])
+    return rope_of(SimpleNamespace(rope_parameters=params, max_position_embeddings=config.max_position_embeddings),
+                   heads(config)[2])
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
@@ -35,7 +35,7 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     def make_layer(self, config, i, rngs):
         kind = layer_types(config)[i]
         return Block(config, self.dtype, rngs, self.execution, config.hidden_activation,
-                     inv_freq=rope_frequencies(config, kind), scale=config.query_pre_attn_scalar ** -0.5,
+                     rotation=layer_rope(config, kind), scale=config.query_pre_attn_scalar ** -0.5,
                      window=window(config, kind), qk_norm=True)
 
 

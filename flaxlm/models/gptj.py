@@ -23,15 +23,16 @@ from flaxlm.models.family import Family, add_linear, add_norm, config_ties, drop
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import (LMHead, LayerNorm, activation, attention, compute_dtype, dense, dropout, embed,
                                   fold_key, with_token_rows)
-from flaxlm.models.llama import fused_dense, inverse_frequencies
+from flaxlm.models.llama import fused_dense
+from flaxlm.models.rope import rope_of
 
 
-def rope_pairs(x_BTNH, positions_BT, inv_freq):
-    """x's first 2R features rotated by angle position * inv_freq [R] in interleaved pairs (2i, 2i + 1), GPT-J's
-    rotate_every_two; the rest pass unchanged. Computed in float32; returns x's dtype."""
-    (B, T, N, _), R = x_BTNH.shape, len(inv_freq)
-    angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-    cos_BT1R, sin_BT1R = jnp.cos(angle_BTR)[:, :, None], jnp.sin(angle_BTR)[:, :, None]
+def rope_pairs(x_BTNH, positions_BT, rotation):
+    """x's first 2R features rotated by their positions under Rope rotation (R frequencies) in interleaved pairs
+    (2i, 2i + 1), GPT-J's rotate_every_two; the rest pass unchanged. Computed in float32; returns x's dtype."""
+    (B, T, N, _), R = x_BTNH.shape, len(rotation.inv_freq)
+    cos_BTR, sin_BTR = rotation.cos_sin(positions_BT)
+    cos_BT1R, sin_BT1R = cos_BTR[:, :, None], sin_BTR[:, :, None]
     x_BTNH32 = x_BTNH.astype(jnp.float32)
     pairs_BTNR2 = x_BTNH32[..., :2 * R].reshape(B, T, N, R, 2)
     even_BTNR, odd_BTNR = pairs_BTNR2[..., 0], pairs_BTNR2[..., 1]
@@ -49,11 +50,11 @@ class Attention(nnx.Module):
         self.dropout_rate = config.attn_pdrop
         self.implementation = execution.attention_implementation
 
-    def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
+    def __call__(self, x_BTD, positions_BT, rotation, mask_BL, key, kv=None, index=None, visible_BTS=None):
         (B, T, D), N = x_BTD.shape, self.num_heads
         q_MD, k_MD, v_MD = fused_dense(x_BTD.reshape(B * T, D), self.q, self.k, self.v)
-        q_BTNH = rope_pairs(q_MD.reshape(B, T, N, D // N), positions_BT, inv_freq)
-        k_BTNH = rope_pairs(k_MD.reshape(B, T, N, D // N), positions_BT, inv_freq)
+        q_BTNH = rope_pairs(q_MD.reshape(B, T, N, D // N), positions_BT, rotation)
+        k_BTNH = rope_pairs(k_MD.reshape(B, T, N, D // N), positions_BT, rotation)
         v_BTNH = v_MD.reshape(B, T, N, D // N)
         if kv is None:
             o_BTNH = attention(q_BTNH, k_BTNH, v_BTNH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
@@ -76,10 +77,10 @@ class Block(nnx.Module):
         self.act = config.activation_function
         self.dropout_rate = config.resid_pdrop
 
-    def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
+    def __call__(self, x_BTD, positions_BT, rotation, mask_BL, key, kv=None, index=None, visible_BTS=None):
         B, T, D = x_BTD.shape
         h_BTD = self.norm(x_BTD)
-        a_MD, kv = self.attn(h_BTD, positions_BT, inv_freq, mask_BL, fold_key(key, 0), kv, index, visible_BTS)
+        a_MD, kv = self.attn(h_BTD, positions_BT, rotation, mask_BL, fold_key(key, 0), kv, index, visible_BTS)
         m_MD = self.fc_out(activation(self.act)(self.fc_in(h_BTD.reshape(B * T, D))))
         x_MD = x_BTD.reshape(B * T, D) + dropout(a_MD, self.dropout_rate, fold_key(key, 1)) + \
             dropout(m_MD, self.dropout_rate, fold_key(key, 2))
@@ -106,7 +107,7 @@ class GPTJForCausalLM(CausalLM):
             raise UserError(f"rotary_dim {rotary_dim} must be even and at most the head width {D // N}; "
                             f"fix config.json")
         activation(config.activation_function)
-        self.inv_freq = inverse_frequencies(SimpleNamespace(rope_theta=10000.0), rotary_dim)  # GPT-J's fixed base
+        self.rope = rope_of(SimpleNamespace(rope_theta=10000.0), rotary_dim)  # GPT-J's fixed base
         self.dtype = compute_dtype(dtype)
         V, std = config.vocab_size, config.initializer_range
         Vp = self.vocab_rows(config, execution)  # V, or more with --pad_vocab_multiple
@@ -124,7 +125,7 @@ class GPTJForCausalLM(CausalLM):
         return dropout(self.embed(input_ids_BL).astype(self.dtype), self.dropout_rate, fold_key(dropout_key, 0))
 
     def call_layer(self, i, layer, x_BLD, attention_mask_BL, positions_BL, dropout_key, *cached):
-        return layer(x_BLD, positions_BL, self.inv_freq, attention_mask_BL, fold_key(dropout_key, i + 1), *cached)
+        return layer(x_BLD, positions_BL, self.rope, attention_mask_BL, fold_key(dropout_key, i + 1), *cached)
 
     def head(self):
         """The LM head with its bias: the token embeddings (tied) or lm_head's kernel."""

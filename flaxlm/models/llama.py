@@ -8,10 +8,7 @@ names, its presets and its Family.
 
 Shape suffixes as in layers.py, plus K key/value heads, X concatenated projections, R = H / 2 rotary frequencies.
 """
-import math
-
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
@@ -21,42 +18,7 @@ from flaxlm.models.family import Family, add_linear, add_norm, drop_tied_head, w
 from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import (RMSNorm, activation, attention, compute_dtype, dense, embed, fold_key,
                                   lora_output, split_last)
-
-ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def rope_parameters(config):
-    """{"rope_type", "rope_theta", ...}: transformers 5 keeps them in config.rope_parameters (converting an old
-    config.json's top-level rope_theta / rope_scaling); a transformers 4 config object has the old attributes."""
-    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
-    params.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
-    params.setdefault("rope_type", params.get("type", "default"))
-    return params
-
-
-def inverse_frequencies(config, head_dim):
-    """RoPE's float32 inverse frequencies [head_dim / 2], as transformers' ROPE_INIT_FUNCTIONS compute them
-    (the power in float64, rounded: torch's float32 pow is within an ulp of that, numpy's float32 pow is not)."""
-    p = rope_parameters(config)
-    if p["rope_type"] not in ROPE_TYPES:
-        raise UserError(f"unsupported rope_type {p['rope_type']!r} in config.json's rope_parameters (rope_scaling); "
-                        f"supported: {', '.join(ROPE_TYPES)}")
-    if p.get("partial_rotary_factor", 1.0) != 1.0:
-        raise UserError("partial_rotary_factor is not supported for Llama; remove it from config.json")
-    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    inv_freq = np.float32(1.0) / (float(p["rope_theta"]) ** exponent.astype(np.float64)).astype(np.float32)
-    if p["rope_type"] == "linear":
-        inv_freq = inv_freq / np.float32(p["factor"])
-    elif p["rope_type"] == "llama3":  # Llama 3.1: long wavelengths divided by factor, a smooth ramp between
-        factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
-        old_len = p.get("original_max_position_embeddings") or config.max_position_embeddings
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        inv_freq = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    return tuple(float(f) for f in np.asarray(inv_freq, np.float32))  # static: hashable, not a parameter
-
+from flaxlm.models.rope import rope, rope_of
 
 def heads(config):
     """(N query heads, K key/value heads, H head width): transformers 5 fills in head_dim and
@@ -75,16 +37,6 @@ def checked_heads(config):
     if H % 2:
         raise UserError(f"head_dim {H} is odd; rotary position embeddings need an even head_dim")
     return N, K, H
-
-
-def rope(x_BTNH, positions_BT, inv_freq):
-    """x rotated by angle position * inv_freq in (first half, second half) pairs (Hugging Face's rotate_half),
-    computed in float32; returns x's dtype."""
-    angle_BTR = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-    cos_BT1R, sin_BT1R = jnp.cos(angle_BTR)[:, :, None], jnp.sin(angle_BTR)[:, :, None]
-    x1_BTNR, x2_BTNR = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
-    return jnp.concatenate([x1_BTNR * cos_BT1R - x2_BTNR * sin_BT1R, x2_BTNR * cos_BT1R + x1_BTNR * sin_BT1R],
-                           axis=-1).astype(x_BTNH.dtype)
 
 
 def fused_dense(x_MD, *linears):
@@ -124,7 +76,7 @@ class Attention(nnx.Module):
         self.dropout_rate = config.attention_dropout
         self.implementation = execution.attention_implementation
 
-    def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
+    def __call__(self, x_BTD, positions_BT, rotation, mask_BL, key, kv=None, index=None, visible_BTS=None):
         (B, T, D), N, K, H = x_BTD.shape, self.num_heads, self.kv_heads, self.head_dim
         q_MX, k_MX, v_MX = fused_dense(x_BTD.reshape(B * T, D), self.q_proj, self.k_proj, self.v_proj)
         if self.whole_norm:
@@ -134,7 +86,7 @@ class Attention(nnx.Module):
         q_BTNH, k_BTKH = q_MX.reshape(B, T, N, H), k_MX.reshape(B, T, K, H)
         if self.head_norm:
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
-        q_BTNH, k_BTKH = rope(q_BTNH, positions_BT, inv_freq), rope(k_BTKH, positions_BT, inv_freq)
+        q_BTNH, k_BTKH = rope(q_BTNH, positions_BT, rotation), rope(k_BTKH, positions_BT, rotation)
         v_BTKH = v_MX.reshape(B, T, K, H)
         if kv is None:
             o_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask_BL, causal=True, dropout_rate=self.dropout_rate,
@@ -172,9 +124,9 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(D, eps)
         self.mlp = MLP(config, dtype, rngs, mlp_bias)
 
-    def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
+    def __call__(self, x_BTD, positions_BT, rotation, mask_BL, key, kv=None, index=None, visible_BTS=None):
         B, T, D = x_BTD.shape
-        a_MD, kv = self.attn(self.attn_norm(x_BTD), positions_BT, inv_freq, mask_BL, key, kv, index, visible_BTS)
+        a_MD, kv = self.attn(self.attn_norm(x_BTD), positions_BT, rotation, mask_BL, key, kv, index, visible_BTS)
         x_MD = x_BTD.reshape(B * T, D) + a_MD
         return (x_MD + self.mlp(self.mlp_norm(x_MD))).reshape(B, T, D), kv
 
@@ -186,7 +138,7 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config, *, dtype="float32", rngs, execution=None):
         N, K, H = checked_heads(config)
         activation(config.hidden_act)
-        self.inv_freq = inverse_frequencies(config, H)
+        self.rope = rope_of(config, H)
         self.dtype = compute_dtype(dtype)
         D, std = config.hidden_size, config.initializer_range
         Vp = self.vocab_rows(config, execution)  # config.vocab_size, or more with --pad_vocab_multiple
@@ -199,7 +151,8 @@ class LlamaForCausalLM(CausalLM):
         if not self.tied:
             self.lm_head = dense(D, Vp, self.dtype, std, rngs, use_bias=False, drawn=config.vocab_size)
         self.kv_heads, self.head_dim = K, H
-        self.max_positions = config.max_position_embeddings
+        # dynamic RoPE's base grows past max_position_embeddings: it exists to run longer sequences
+        self.max_positions = None if self.rope.ntk_factor else config.max_position_embeddings
 
     block = Block  # the layer class (Qwen3-MoE's has its experts in place of the MLP)
 
@@ -212,7 +165,7 @@ class LlamaForCausalLM(CausalLM):
         return self.embed(input_ids_BL).astype(self.dtype)
 
     def call_layer(self, i, layer, x_BLD, attention_mask_BL, positions_BL, dropout_key, *cached):
-        return layer(x_BLD, positions_BL, self.inv_freq, attention_mask_BL, fold_key(dropout_key, i), *cached)
+        return layer(x_BLD, positions_BL, self.rope, attention_mask_BL, fold_key(dropout_key, i), *cached)
 
 
 def tensor_names(config, *, qkv_bias=None, o_bias=None, mlp_bias=None, qk_norm=False):

@@ -51,11 +51,11 @@ class Block(llama.Block):
         self.mlp = SparseMoE(config, dtype, rngs, execution, width=config.intermediate_size, norm_topk_prob=True)
         self.jitter = router_jitter(config)
 
-    def __call__(self, x_BTD, positions_BT, inv_freq, mask_BL, key, kv=None, index=None, visible_BTS=None):
+    def __call__(self, x_BTD, positions_BT, rotation, mask_BL, key, kv=None, index=None, visible_BTS=None):
         if not self.jitter or key is None:  # no jitter, or not training (no dropout key): Llama's block
-            return super().__call__(x_BTD, positions_BT, inv_freq, mask_BL, key, kv, index, visible_BTS)
+            return super().__call__(x_BTD, positions_BT, rotation, mask_BL, key, kv, index, visible_BTS)
         B, T, D = x_BTD.shape
-        a_MD, kv = self.attn(self.attn_norm(x_BTD), positions_BT, inv_freq, mask_BL, key, kv, index, visible_BTS)
+        a_MD, kv = self.attn(self.attn_norm(x_BTD), positions_BT, rotation, mask_BL, key, kv, index, visible_BTS)
         x_MD = x_BTD.reshape(B * T, D) + a_MD
         h_MD = self.mlp_norm(x_MD)
         # the router and the experts both see the jittered input; the residual does not (transformers scales the

@@ -42,7 +42,7 @@ from flaxlm.models.family import (Family, Head, add_linear, add_norm, drop_prefi
 from flaxlm.models.layer_stack import Execution, run_layers
 from flaxlm.models.layers import (LayerNorm, LMHead, Segments, activation, attention, compute_dtype, dense, dropout,
                                   embed, fold_key, split_last, untrained_at)
-from flaxlm.models.llama import inverse_frequencies, rope
+from flaxlm.models.rope import rope_of, rotate
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -56,11 +56,11 @@ def global_layers(config):
     return tuple(t == "full_attention" for t in config.layer_types)
 
 
-def rope_frequencies(config, layer_type, head_dim):
-    """RoPE's inverse frequencies of one kind of layer: its entry of config.rope_parameters (theta, scaling)."""
+def layer_rope(config, layer_type, head_dim):
+    """The Rope of one kind of layer: its entry of config.rope_parameters (theta, scaling)."""
     params = dict(config.rope_parameters[layer_type])
     view = SimpleNamespace(rope_parameters=params, max_position_embeddings=config.max_position_embeddings)
-    return inverse_frequencies(view, head_dim)  # Llama's: the same rope types
+    return rope_of(view, head_dim)
 
 
 class Inits:
@@ -91,13 +91,13 @@ class Attention(nnx.Module):
         self.dropout_rate = config.attention_dropout
         self.implementation = execution.attention_implementation
 
-    def __call__(self, x_BLD, positions_BL, inv_freq_R, mask, is_global, key):
-        """mask: the padding [B, L], Segments of packed rows, or None; is_global: a bool, traced under
+    def __call__(self, x_BLD, cos_sin_BLR, mask, is_global, key):
+        """cos_sin_BLR: the layer kind's RoPE angles (Rope.cos_sin); mask: the padding [B, L], Segments of packed rows, or None; is_global: a bool, traced under
         --scan_layers (both kinds of attention are compiled then, and the layer's runs)."""
         (B, L, D), N = x_BLD.shape, self.num_heads
         qkv_BL3NH = self.Wqkv(x_BLD.reshape(B * L, D)).reshape(B, L, 3, N, D // N)
-        q_BLNH = rope(qkv_BL3NH[:, :, 0], positions_BL, inv_freq_R)
-        k_BLNH = rope(qkv_BL3NH[:, :, 1], positions_BL, inv_freq_R)
+        q_BLNH = rotate(qkv_BL3NH[:, :, 0], *cos_sin_BLR)
+        k_BLNH = rotate(qkv_BL3NH[:, :, 1], *cos_sin_BLR)
 
         def attend(window):
             return attention(q_BLNH, k_BLNH, qkv_BL3NH[:, :, 2], mask, window=window, dropout_rate=self.dropout_rate,
@@ -131,10 +131,10 @@ class EncoderLayer(nnx.Module):
         self.mlp_norm = norm(config, rngs)
         self.mlp = GeGLU(config, dtype, rngs, inits)
 
-    def __call__(self, x_BLD, positions_BL, inv_freq_R, mask, is_global, key):
+    def __call__(self, x_BLD, cos_sin_BLR, mask, is_global, key):
         B, L, D = x_BLD.shape
         h_BLD = x_BLD if self.attn_norm is None else self.attn_norm(x_BLD)
-        x_MD = x_BLD.reshape(B * L, D) + self.attn(h_BLD, positions_BL, inv_freq_R, mask, is_global, fold_key(key, 0))
+        x_MD = x_BLD.reshape(B * L, D) + self.attn(h_BLD, cos_sin_BLR, mask, is_global, fold_key(key, 0))
         return (x_MD + self.mlp(self.mlp_norm(x_MD), fold_key(key, 1))).reshape(B, L, D)
 
 
@@ -166,7 +166,7 @@ class ModernBertEncoder(nnx.Module):
         activation(config.classifier_activation)
         H, inits = config.hidden_size // N, Inits(config)
         self.is_global = global_layers(config)
-        self.inv_freq = tuple(rope_frequencies(config, t, H) for t in ("sliding_attention", "full_attention"))
+        self.ropes = tuple(layer_rope(config, t, H) for t in ("sliding_attention", "full_attention"))
         self.dtype = compute_dtype(dtype)
         self.execution = execution or Execution()
         self.embeddings = Embeddings(config, self.dtype, rngs, inits)
@@ -182,11 +182,11 @@ class ModernBertEncoder(nnx.Module):
             positions_BL, mask = segment_positions(segment_ids_BL), Segments(segment_ids_BL)
         else:
             positions_BL, mask = jnp.arange(L, dtype=jnp.int32)[None, :], attention_mask_BL
-        inv_freq_2R = jnp.asarray(self.inv_freq, jnp.float32)  # [local, global]
+        local, whole = (rope_.cos_sin(positions_BL) for rope_ in self.ropes)  # once, for every layer of a kind
 
-        def call(i, layer, x_BLD, is_global):
-            return layer(x_BLD, positions_BL, inv_freq_2R[jnp.asarray(is_global, jnp.int32)], mask, is_global,
-                         fold_key(dropout_key, i + 1))
+        def call(i, layer, x_BLD, is_global):  # is_global: a bool, or traced under --scan_layers
+            cos_sin_BLR = jax.tree.map(lambda g, l: jnp.where(is_global, g, l), whole, local)
+            return layer(x_BLD, cos_sin_BLR, mask, is_global, fold_key(dropout_key, i + 1))
 
         x_BLD = self.embeddings(input_ids_BL, fold_key(dropout_key, 0))
         flags = list(self.is_global)  # bools; stacked into an array under --scan_layers

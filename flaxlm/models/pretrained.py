@@ -57,7 +57,8 @@ def _load(path, config, dtype, seed, task, execution, shardings=None, param_dtyp
     return merge_model(graphdef, params)
 
 
-def load_pretrained(path, dtype="float32", *, seed=0, execution=None, shardings=None, param_dtype="float32"):
+def load_pretrained(path, dtype="float32", *, seed=0, execution=None, shardings=None, param_dtype="float32",
+                    edit_config=None):
     """(config, model) from a directory holding config.json + safetensors (or a hub name); compute in dtype,
     the layers run as `execution` says (flaxlm.models.layer_stack.Execution; None: a plain loop).
 
@@ -67,9 +68,11 @@ def load_pretrained(path, dtype="float32", *, seed=0, execution=None, shardings=
     master weights, or "bfloat16").
 
     A bare BERT/RoBERTa encoder checkpoint gets a fresh MLM head initialized from `seed` (logged as a warning).
+    edit_config: config -> the config the model is built from (the weights are the same; e.g. a longer RoPE).
     """
     path = hf_io.resolve_dir(path)
     config = hf_io.load_config(path)
+    config = edit_config(config) if edit_config else config
     return config, _load(path, config, dtype, seed, None, execution, shardings, param_dtype)
 
 
@@ -96,15 +99,17 @@ def task_config(config, task, *, num_labels=None, id2label=None, problem_type=No
 
 
 def load_for_task(path, task, *, num_labels=None, dtype="float32", seed=0, id2label=None, problem_type=None,
-                  execution=None, param_dtype="float32"):
+                  execution=None, param_dtype="float32", edit_config=None):
     """(config, model) for fine-tuning: the encoder in directory `path` (a masked-LM export, a bare encoder or a
     checkpoint that has this task's head already) with the task's head (a Head of its family: an encoder's
     "sequence_classification", "question_answering" or "token_classification"). A head the checkpoint lacks starts fresh from `seed`
     (one warning), pretraining heads are dropped (a note); a directory holding only config.json gives a
     freshly initialized model. The config gets num_labels / id2label / label2id / problem_type (task_config).
-    execution: how the layers run (flaxlm.models.layer_stack.Execution; None: a plain loop)."""
+    execution: how the layers run (flaxlm.models.layer_stack.Execution; None: a plain loop); edit_config as
+    load_pretrained's."""
     path = hf_io.resolve_dir(path)
-    config = task_config(hf_io.load_config(path), task, num_labels=num_labels, id2label=id2label,
+    loaded = hf_io.load_config(path)
+    config = task_config(edit_config(loaded) if edit_config else loaded, task, num_labels=num_labels, id2label=id2label,
                          problem_type=problem_type)
     model_class(config, task)  # a known task on a family with that head, else a UserError
     if not hf_io.has_weights(path):

@@ -111,6 +111,12 @@ def _load_model(model_args, seed, script, task, tokenizer, mesh, sharding, abstr
     if not path and not (task is None and model_args.model_type and tokenizer is not None):
         raise UserError(f"no model given; pass {NO_MODEL_HINTS[task]}")
     config = load_config(path) if path else default_config(model_args, tokenizer)
+    extend = context_extension(model_args)  # --rope_scaling: the config's RoPE extended (None: as it is)
+    if extend:
+        from flaxlm.reporting.run_log import say
+        before, config = config.max_position_embeddings, extend(config)
+        say(f"RoPE extended by --rope_scaling: {before} positions -> {config.max_position_embeddings} "
+            f"(max_position_embeddings of the export)")
     if task is None:
         check_script_trains(script, config, f"{path} holds a {config.model_type} model" if path
                             else f"--model_type is {config.model_type}")
@@ -137,12 +143,28 @@ def _load_model(model_args, seed, script, task, tokenizer, mesh, sharding, abstr
             from flaxlm.training.sharding import state_shardings
             shardings = lambda abstract: state_shardings(abstract, mesh, sharding)  # noqa: E731
         return load_pretrained(path, dtype=model_args.dtype, execution=execution, shardings=shardings,
-                               param_dtype=param_dtype)
+                               param_dtype=param_dtype, edit_config=extend)
     if not has_weights(resolve_dir(path)):  # fine-tuning starts from trained weights; --config_name starts fresh
         raise UserError(f"no model weights (model.safetensors) in {path}; pass a pretrained model directory, or "
                         f"--config_name {path} to train from scratch")
     return load_for_task(path, task, dtype=model_args.dtype, seed=seed, execution=execution, param_dtype=param_dtype,
-                         **labels)
+                         edit_config=extend, **labels)
+
+
+def context_extension(model_args):
+    """--rope_scaling's edit of a config (flaxlm.models.rope.with_rope_scaling), checked when called; None without
+    the option."""
+    if not getattr(model_args, "rope_scaling", None):
+        return None
+    import json
+    try:
+        scaling = json.loads(model_args.rope_scaling)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--rope_scaling is not JSON ({e.msg}); give an object, e.g. "
+                        f"'{{\"rope_type\": \"yarn\", \"factor\": 4.0}}'") from None
+
+    from flaxlm.models.rope import with_rope_scaling
+    return lambda config: with_rope_scaling(config, scaling)
 
 
 def attach_lora(lora_args, model_args, args, config, model, seed, tokens=()):
