@@ -514,6 +514,19 @@ class EvaluateLMArgs(ModelLoadingArgs):
     output_dir: str | None = option(help="also write results.json and each document's figures "
                                          "(predictions_validation.jsonl: log_likelihood, tokens, bytes) here")
     overwrite_output_dir: bool = option(False, help="replace the files of an earlier run in --output_dir")
+    loss_by_position: int | None = option(minimum=1, help="also the mean loss (nats per token) by the position in "
+                                                          "the window that predicts each token, in equal buckets of "
+                                                          "N: [0, N), [N, 2N), ... up to --max_length (JSON key "
+                                                          "loss_by_position): whether a context extension improved "
+                                                          "the far positions")
+    passkey_lengths: list[int] | None = option(minimum=1, help="also passkey retrieval at these prompt lengths in "
+                                                               "tokens (each at most --max_length), e.g. 1024 4096: "
+                                                               "a number hidden in filler text, asked for at the "
+                                                               "end, counted retrieved when greedy decoding writes "
+                                                               "it (JSON key passkey; without held-out text, only "
+                                                               "this)")
+    passkey_depths: int = option(5, minimum=1, help="with --passkey_lengths: trials per length, the number at "
+                                                    "depths evenly spaced from the filler's start to its end")
 
 
 @dataclass

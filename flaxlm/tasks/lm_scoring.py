@@ -4,14 +4,17 @@ sliding windows), run_fewshot.py (choices, generations) and the lm-eval backend 
     lm = CausalLM(path, tokenizer_path, "--model_name_or_path DIR")  # config, tokenizer, context: checked, cheap
     lm.load("bfloat16", per_device_batch=8)                        # the weights on all devices, lm.scorer
     ll, greedy = lm.scorer([(ids, first), ...])
+    ll, greedy, token_ll = lm.scorer([(ids, first), ...], per_token=True)
     tokens = lm.generate([prompt_ids, ...], max_new_tokens=64)
     # per request: ll = sum over k >= first of log p(ids[k] | ids[:k]) (float64 on the host), greedy = whether
-    # argmax decoding picks each of those tokens (lm-eval's is_greedy)
+    # argmax decoding picks each of those tokens (lm-eval's is_greedy), token_ll = those log p one by one (float32)
 
 A request's input is ids[:-1], right-padded to a bucket (a power of two from MIN_BUCKET, capped at max_length), so a
 whole evaluation compiles once per bucket; requests are sorted by length so a batch holds similar ones, and the
 results come back in the requests' order. The logits are float32 whatever the compute dtype.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,13 +50,15 @@ def bucket(length, max_length):
     return min(b, max_length)
 
 
-def token_log_likelihoods(model, ids_BL, mask_BL, targets_BL, weights_BL):
-    """(sum of the weighted targets' log-probabilities [B], whether each weighted target is the argmax [B])."""
+def token_log_likelihoods(model, ids_BL, mask_BL, targets_BL, weights_BL, per_token=False):
+    """(sum of the weighted targets' log-probabilities [B], whether each weighted target is the argmax [B]), and with
+    per_token the weighted log-probabilities themselves [B, L] (0 where the weight is 0)."""
     logits_BLV = model(ids_BL, mask_BL).astype(jnp.float32)
     logp_BLV = jax.nn.log_softmax(logits_BLV, axis=-1)
     ll_BL = jnp.take_along_axis(logp_BLV, targets_BL[..., None], axis=-1)[..., 0]
     hit_BL = jnp.argmax(logits_BLV, axis=-1) == targets_BL
-    return (ll_BL * weights_BL).sum(-1), jnp.all(hit_BL | (weights_BL == 0), axis=-1)
+    out = ((ll_BL * weights_BL).sum(-1), jnp.all(hit_BL | (weights_BL == 0), axis=-1))
+    return out + (ll_BL * weights_BL,) if per_token else out
 
 
 class CausalLM:
@@ -119,10 +124,11 @@ class Scorer:
         graphdef, params = split_model(model)
         self.params = params
 
-        @jax.jit
-        def step(params, batch):
+        # per_token static: the plain step (every other caller's) compiles without the [B, L] output
+        @functools.partial(jax.jit, static_argnames="per_token")
+        def step(params, batch, per_token=False):
             return token_log_likelihoods(merge_model(graphdef, params), batch["ids"], batch["mask"], batch["targets"],
-                                         batch["weights"])
+                                         batch["weights"], per_token)
         self.step = on_mesh(step, mesh)
 
     def rows(self, requests, length):
@@ -135,21 +141,29 @@ class Scorer:
             weights[r, max(first, 1) - 1:n] = 1
         return {"ids": ids, "mask": mask, "targets": targets, "weights": weights}
 
-    def __call__(self, requests):
-        """requests: (ids, first) with 1 <= first < len(ids) <= max_length + 1. Returns (ll [N] float64, greedy [N])."""
+    def __call__(self, requests, per_token=False):
+        """requests: (ids, first) with 1 <= first < len(ids) <= max_length + 1. Returns (ll [N] float64, greedy [N]),
+        and with per_token a list of N float32 arrays: each request's log p(ids[k] | ids[:k]) for k >= first (that of
+        ids[k] computed at the model's position k - 1)."""
         for ids, first in requests:
             if not 1 <= first < len(ids) <= self.max_length + 1:
                 raise ValueError(f"a request of {len(ids)} tokens scored from {first} does not fit {self.max_length}")
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]))
         ll, greedy = np.zeros(len(requests)), np.zeros(len(requests), bool)
+        token_ll = [None] * len(requests)
         local = local_rows(self.batch)
         for start in tqdm(range(0, len(order), self.batch), desc=self.desc, dynamic_ncols=True,
                           disable=jax.process_index() != 0 or len(order) <= self.batch):
             chunk = order[start:start + self.batch]
             length = bucket(len(requests[chunk[0]][0]) - 1, self.max_length)
             arrays = self.rows([requests[i] for i in chunk], length)
-            out = self.step(self.params, to_device_batch({k: v[local] for k, v in arrays.items()}, self.sharding))
-            out_ll, out_greedy = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in out)
+            out = self.step(self.params, to_device_batch({k: v[local] for k, v in arrays.items()}, self.sharding),
+                            per_token=per_token)
+            out_ll, out_greedy, *out_tokens = (np.asarray(multihost_utils.process_allgather(x, tiled=True))
+                                               for x in out)
             ll[chunk], greedy[chunk] = out_ll[:len(chunk)], out_greedy[:len(chunk)]
-        return ll, greedy
+            for r, i in enumerate(chunk if per_token else ()):
+                ids, first = requests[i]
+                token_ll[i] = out_tokens[0][r, first - 1:len(ids) - 1]
+        return (ll, greedy, token_ll) if per_token else (ll, greedy)
 
