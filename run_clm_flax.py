@@ -30,6 +30,7 @@ def main(argv=None):
     from flaxlm.objectives.clm import clm_objective, resolve_block_size
     from flaxlm.data import prepared, rows
     from flaxlm.data import text_mixture
+    from flaxlm.models.context_parallel import check_length
     from flaxlm.training.output_dir import start_fresh
     from flaxlm.planning.compile_for import check_fit, compile_target, token_rows
     from flaxlm.training.opening import load_model_and_mesh, load_run_tokenizer
@@ -50,6 +51,7 @@ def main(argv=None):
 
     # The objective: every token predicted from the ones before it.
     block_size = resolve_block_size(clm_args.block_size, data_args.max_seq_length, tokenizer, config)
+    check_length(block_size, args.context_parallel_size)  # --context_parallel_size: rows split in 2N equal chunks
     objective = clm_objective(graphdef, config, params, block_size, pad_id=tokenizer.eos_token_id,
                               head_chunk_rows=args.lm_head_chunk_rows, separate_documents=clm_args.separate_documents,
                               z_loss=args.z_loss)

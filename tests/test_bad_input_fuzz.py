@@ -482,11 +482,20 @@ def distill_cases():
     ]
 
 
-def rope_cases():
-    """--rope_scaling (context extension) on run_clm_flax.py: gpt2-tiny has learned positions, qwen3-tiny 256 RoPE
-    positions."""
+def long_context_cases():
+    """--rope_scaling (context extension) and --context_parallel_size on run_clm_flax.py (gpt2-tiny has learned
+    positions, qwen3-tiny 256 RoPE positions; 8 devices) and run_mlm_flax.py (an encoder)."""
     s, yarn = "run_clm_flax", '{"rope_type": "yarn", "factor": 2}'
     return [
+        Case(s, "context parallel not dividing the devices", lambda e: {"context_parallel_size": 3},
+             r"--context_parallel_size 3 does not divide the 8 devices; use a divisor of 8"),
+        Case(s, "rows not splitting into context chunks", lambda e: {"context_parallel_size": 4, "max_seq_length": 12},
+             r"rows of 12 tokens do not split into 2 x --context_parallel_size 4 equal chunks"),
+        Case(s, "context parallel with expert sharding", lambda e: {"context_parallel_size": 2, "sharding": "expert",
+                                                                    "expert_parallel_size": 2},
+             r"--context_parallel_size with --sharding expert is not supported"),
+        Case("run_mlm_flax", "context parallel for an encoder", lambda e: {"context_parallel_size": 2},
+             r"--context_parallel_size splits a causal LM's sequences, and this is a roberta model; drop it"),
         Case(s, "rope scaling without rotary positions", lambda e: {"rope_scaling": yarn},
              r"--rope_scaling changes rotary position embeddings, and gpt2 has none"),
         Case(s, "rope scaling not JSON", lambda e: {"rope_scaling": "yarn"}, r"--rope_scaling is not JSON"),
@@ -535,7 +544,7 @@ CASES = ([c for s in ("run_clm_flax", "run_mlm_flax", "run_t5_mlm_flax", "train_
                       "generate", "run_grpo", "run_distill", "upcycle_moe") for c in common_cases(s)]
          + [c for s in TRAINING for c in training_cases(s)]
          + tokenizer_cases() + config_cases() + generate_cases() + fill_cases("fill_mask") + fill_cases("fill_spans")
-         + grpo_cases() + distill_cases() + upcycle_cases() + rope_cases())
+         + grpo_cases() + distill_cases() + upcycle_cases() + long_context_cases())
 # one case per script, run as a real process: exit code and stderr end to end
 SUBPROCESS = {"run_clm_flax": "tokenizer dir without a tokenizer", "run_mlm_flax": "non-UTF-8 csv",
               "run_t5_mlm_flax": "config.json not JSON", "train_tokenizer": "non-UTF-8 streamed",

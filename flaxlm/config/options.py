@@ -422,6 +422,13 @@ class TrainingArgs(MultiHostArgs):
                                                    "axis; each holds num_experts / N experts and the group's token "
                                                    "copies (default: the largest number up to 8 dividing both the "
                                                    "device count and num_experts)")
+    context_parallel_size: int = option(1, minimum=1, key="runtime.context_parallel_size",
+                                        help="split each sequence's positions over this many devices (a 'context' "
+                                             "axis of the mesh, consecutive devices), for rows too long for one "
+                                             "device's memory: each holds 1 / N of the activations and computes the "
+                                             "attention of its own queries over the gathered keys and values, in a "
+                                             "load-balanced order (causal LMs; docs/long-context.md). A row is then "
+                                             "one group's: --per_device_train_batch_size counts rows per group")
     compile_for: str | None = option(key="runtime.compile_for",
                                      help="check this run for a TPU slice (v4-8, v5e-8 or v5litepod-8, v5p-8, v6e-16, "
                                           "...) on any machine: compile its train and eval steps for every device of "

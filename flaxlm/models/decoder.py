@@ -6,9 +6,11 @@ itself and the LM head. Every causal-LM model has the same interface:
     logits_BTV, cache = model(ids_BT, mask_BT, positions_BT, cache=cache)          # T new tokens at cache index
     h_BLD = model(ids_BL, dropout_key=key, hidden=True); head = model.head()       # for a fused head + loss
 """
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from flaxlm.models import kv_cache
+from flaxlm.models import context_parallel, kv_cache
 from flaxlm.models.layers import LMHead, fold_key, lora_dropout_key, with_token_rows
 from flaxlm.models.vocab_padding import padded_rows
 
@@ -57,10 +59,23 @@ class CausalLM(nnx.Module):
         if positions_BL is None:
             positions_BL = kv_cache.default_positions(input_ids_BL, cache)
         x_BLD = self.embed_input(input_ids_BL, positions_BL, dropout_key)
+        C = context_parallel.context_size() if cache is None else 1
+        if C > 1:  # the layers hold the sequence split over the 'context' axis, in the load-balanced order
+            context_parallel.check_length(x_BLD.shape[1], C)
+            order = context_parallel.balanced_order(x_BLD.shape[1], C)
+            x_BLD = context_parallel.split_over_context(x_BLD[:, order])
+            positions_BL = jnp.broadcast_to(positions_BL, input_ids_BL.shape)[:, order]
+        else:
+            order = None
+
         def layer_call(i, layer, x, *cached):
             with lora_dropout_key(fold_key(dropout_key, LORA_KEYS, i)):  # the layer's adapters' (flaxlm.models.lora)
                 return self.call_layer(i, layer, x, attention_mask_BL, positions_BL, dropout_key, *cached)
-        x_BLD, cache = kv_cache.run_layers(self.layers, x_BLD, attention_mask_BL, cache, layer_call, self.execution)
+        with context_parallel.sequence_order(order):
+            x_BLD, cache = kv_cache.run_layers(self.layers, x_BLD, attention_mask_BL, cache, layer_call,
+                                               self.execution)
+        if order is not None:  # back in the sequence's order, still split: the head and the loss per position
+            x_BLD = context_parallel.split_over_context(x_BLD[:, np.argsort(order)])
         h_BLD = self.head_input(x_BLD)
         out = h_BLD if hidden else self.head().logits(h_BLD)
         return out if cache is None else (out, cache)

@@ -10,10 +10,11 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flaxlm.errors import UserError
-from flaxlm.models import cudnn_dropout, matmul, splash
+from flaxlm.models import context_parallel, cudnn_dropout, matmul, splash
 from flaxlm.models.vocab_padding import drawn_then_zeros
 from flaxlm.platform import splash_compiles
 
@@ -315,6 +316,9 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     """
     (_, T, N, H), S = q_BTNH.shape, k_BSKH.shape[1]
     scale = 1.0 / math.sqrt(H) if scale is None else scale
+    if context_parallel.current_order() is not None:  # a sequence split over devices: its queries in their order
+        return _context_parallel_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, scale, dropout_rate, dropout_key,
+                                           implementation, bias, window, softcap)
     segments = mask.ids_BL if isinstance(mask, Segments) else None
     if implementation == "splash" or (implementation is None and splash_compiles()):
         dropping = dropout_key is not None and dropout_rate > 0.0
@@ -359,6 +363,54 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask=None, *, causal=False, scale=None, dr
     second = _dropout_attention(q_BTNH[:, h:], k_BSKH, v_BSKH, _mask_rows(mask, h, T, S), True, h, scale,
                                 dropout_rate, fold_key(dropout_key, 1))
     return jnp.concatenate([first, second], axis=1)
+
+
+def _context_parallel_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, scale, dropout_rate, dropout_key,
+                                implementation, bias, window, softcap):
+    """attention() of a sequence split over the 'context' axis (flaxlm.models.context_parallel): the queries in the
+    load-balanced order, each device's T / C of them; the keys and values gathered whole, in the sequence's own
+    order; each query masked by its position in the sequence. splash (as attention() chooses it) or XLA."""
+    if bias is not None:
+        raise UserError("--context_parallel_size does not take attention biases (BLOOM's ALiBi, T5's and DeBERTa's "
+                        "relative positions); train this model without it")
+    order_T = context_parallel.current_order()
+    q_BTNH = context_parallel.split_over_context(q_BTNH)
+    inverse = np.argsort(order_T)
+    k_BSKH, v_BSKH = (context_parallel.whole_on_each_device(x)[:, inverse] for x in (k_BSKH, v_BSKH))
+    segments_BS = mask.ids_BL if isinstance(mask, Segments) else None
+    padding_BS = None if mask is None or segments_BS is not None else mask.astype(bool)
+    T, S = q_BTNH.shape[1], k_BSKH.shape[1]
+    dropping = dropout_key is not None and dropout_rate > 0.0
+    if (implementation == "splash" or (implementation is None and splash_compiles())) and not splash.where_not(
+            T, S, dropout=dropping) and T % (2 * context_parallel.context_size() * splash.BLOCK) == 0:
+        if segments_BS is None and padding_BS is not None:  # padding: real tokens one segment, padding another
+            segments_BS = padding_BS.astype(jnp.int32)
+        out_BTNH = splash.context_parallel_attention(q_BTNH, k_BSKH, v_BSKH, order_T, causal=causal, scale=scale,
+                                                     window=window, segments_BS=segments_BS, softcap=softcap)
+        return context_parallel.split_over_context(out_BTNH)
+    # XLA: the mask of each query's position (order_T) against each key's
+    distance_TS = jnp.asarray(order_T)[:, None] - jnp.arange(S, dtype=jnp.int32)[None, :]
+    seen_TS = jnp.ones((T, S), bool)
+    if causal:
+        seen_TS = distance_TS >= 0
+    if window is not None:
+        seen_TS = seen_TS & ((distance_TS < window) if causal else (jnp.abs(distance_TS) < window))
+    mask_BTS = seen_TS[None]
+    if segments_BS is not None:
+        mask_BTS = mask_BTS & (segments_BS[:, order_T][:, :, None] == segments_BS[:, None, :])
+    if padding_BS is not None:
+        mask_BTS = mask_BTS & padding_BS[:, None, :]
+    mask_B1TS = mask_BTS[:, None]
+    if not dropping and softcap is None:
+        out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_B1TS, scale=scale,
+                                                implementation="xla" if implementation == "splash" else implementation)
+    else:
+        K, N = k_BSKH.shape[2], q_BTNH.shape[2]
+        if K != N:
+            k_BSKH, v_BSKH = jnp.repeat(k_BSKH, N // K, axis=2), jnp.repeat(v_BSKH, N // K, axis=2)
+        out_BTNH = _dropout_attention(q_BTNH, k_BSKH, v_BSKH, mask_B1TS, False, 0, scale, dropout_rate, dropout_key,
+                                      softcap=softcap)
+    return context_parallel.split_over_context(out_BTNH)
 
 
 CAUSAL_HALVES_MIN_LENGTH = 64  # shorter causal rows: one block (the halves' matmuls would be too thin)

@@ -18,7 +18,6 @@ interpret mode, how its numbers are checked against XLA attention (tests/test_sp
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from flaxlm.platform import platform
@@ -39,15 +38,15 @@ def where_not(T, S, *, bias=None, dropout=False, mask_ndim=2):
     return ""
 
 
-def _kernel(T, S, heads, causal, window, softcap, interpret):
+def _kernel(T, S, heads, causal, window, softcap, interpret, offset=0):
     """The splash MQA kernel for `heads` query heads over one key/value head (built where it is traced: its mask
-    tables become constants of that program)."""
+    tables become constants of that program); offset: the position of the first query (context parallelism)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
     if window is not None:  # keys less than `window` away: before a query (causal), or on both sides
-        mask = mask_lib.LocalMask((T, S), (window - 1, 0 if causal else window - 1), offset=0)
+        mask = mask_lib.LocalMask((T, S), (window - 1, 0 if causal else window - 1), offset=offset)
     elif causal:
-        mask = mask_lib.CausalMask((T, S))
+        mask = mask_lib.CausalMask((T, S), offset=offset)
     else:
         mask = mask_lib.FullMask((T, S))
     return kernel_lib.make_splash_mqa(mask_lib.MultiHeadMask([mask] * heads), head_shards=1, q_seq_shards=1,
@@ -72,8 +71,60 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, causal, scale, window=None, segm
 
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and "data" in mesh.axis_names and mesh.size > 1:
-        batch = P(tuple(mesh.axis_names))  # rows split over every axis ('data', and --sharding expert's 'expert')
+        batch = P(batch_axes(mesh))  # rows split over 'data' (and --sharding expert's 'expert')
         specs = (batch, batch, batch, None if segments_BT is None else batch)
         rows = jax.shard_map(rows, mesh=mesh, in_specs=specs, out_specs=batch, check_vma=False)
     out_BKGTH = rows(q_BKGTH, k_BKSH, v_BKSH, segments_BT)
+    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v_BSKH.dtype)
+
+
+def batch_axes(mesh):
+    """The mesh axes a batch's rows are split over: all but 'context' (whose devices share rows)."""
+    return tuple(name for name in mesh.axis_names if name != "context")
+
+
+def context_parallel_attention(q_BTNH, k_BSKH, v_BSKH, order_T, *, causal, scale, window=None, segments_BS=None,
+                               softcap=None):
+    """splash_attention of the queries of a sequence split over the context mesh's 'context' axis
+    (flaxlm.models.context_parallel): q in the load-balanced order (device c: chunks c and 2C - 1 - c of 2C), k and v
+    whole, in the sequence's order; segments_BS: the sequence's segment ids (None: one segment). Each device runs
+    the kernel on each of its two chunks, masked as queries at that chunk's offset (a kernel per chunk: the mask
+    tables are static), so causal devices skip the same number of hidden blocks."""
+    from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
+    (B, T, N, H), (S, K) = q_BTNH.shape, k_BSKH.shape[1:3]
+    mesh = jax.sharding.get_abstract_mesh()
+    C = mesh.shape["context"]
+    chunk = T // (2 * C)
+    interpret = platform() != "tpu"
+    kernels = [_kernel(chunk, S, N // K, causal, window, softcap, interpret, offset=a * chunk) for a in range(2 * C)]
+    q_BKGTH = (q_BTNH * jnp.asarray(scale, q_BTNH.dtype)).reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)
+    k_BKSH, v_BKSH = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)
+    segments_BT = None if segments_BS is None else segments_BS[:, order_T]
+
+    def chunk_rows(kernel, q_bKGtH, k_bKSH, v_bKSH, segments_bt, segments_bS):
+        def one_row(q_KGtH, k_KSH, v_KSH, segments_t, segments_S):
+            ids = None if segments_t is None else SegmentIds(q=segments_t, kv=segments_S)
+            return jax.vmap(lambda q, k, v: kernel(q, k, v, ids))(q_KGtH, k_KSH, v_KSH)
+        axes = (0, 0, 0) + ((None, None) if segments_bt is None else (0, 0))
+        return jax.vmap(one_row, in_axes=axes)(q_bKGtH, k_bKSH, v_bKSH, segments_bt, segments_bS)
+
+    def per_device(q_bKGtH, k_bKSH, v_bKSH, segments_bt, segments_bS):
+        def on_device(c):  # device c's two chunks: c and 2C - 1 - c
+            def run():
+                halves = []
+                for half, a in enumerate((c, 2 * C - 1 - c)):
+                    rows = slice(half * chunk, (half + 1) * chunk)
+                    halves.append(chunk_rows(kernels[a], q_bKGtH[:, :, :, rows], k_bKSH, v_bKSH,
+                                             None if segments_bt is None else segments_bt[:, rows], segments_bS))
+                return jnp.concatenate(halves, axis=3)
+            return run
+        return jax.lax.switch(jax.lax.axis_index("context"), [on_device(c) for c in range(C)])
+
+    batch = batch_axes(mesh)
+    seq, whole = P(batch, "context"), P(batch)
+    q_spec = P(batch, None, None, "context", None)
+    segment_specs = (None, None) if segments_BT is None else (seq, whole)
+    run = jax.shard_map(per_device, mesh=mesh, in_specs=(q_spec, whole, whole, *segment_specs), out_specs=q_spec,
+                        check_vma=False)
+    out_BKGTH = run(q_BKGTH, k_BKSH, v_BKSH, segments_BT, segments_BS)
     return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v_BSKH.dtype)

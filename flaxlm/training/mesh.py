@@ -58,24 +58,37 @@ def check_process_flags(address, count, index):
                         f"give each process its own index below --num_processes")
 
 
-def make_mesh(devices=None, expert=1):
+def make_mesh(devices=None, expert=1, context=1):
     """The 1-D 'data' mesh, devices grouped by process in process order, so that each process's
     devices hold one contiguous block of the example axis (the rows local_rows gives it). expert > 1 (--sharding
     expert): the same devices in the same order as a 2-D ('data', 'expert') mesh, each run of `expert` consecutive
-    devices one expert group; the example axis is split over both axes, in the same order."""
+    devices one expert group; the example axis is split over both axes, in the same order. context > 1
+    (--context_parallel_size): a last 'context' axis, each run of `context` consecutive devices (one host's, its
+    fastest links) sharing the same rows, each holding 1 / context of every sequence's positions
+    (flaxlm.models.context_parallel)."""
     devices = jax.devices() if devices is None else devices
     devices = sorted(devices, key=lambda d: d.process_index)  # stable: order within a process kept
-    if expert == 1:
-        return Mesh(np.asarray(devices), ("data",))
-    if len(devices) % expert:
-        raise UserError(f"--expert_parallel_size {expert} does not divide the {len(devices)} devices; use a divisor "
-                        f"of {len(devices)}")
-    return Mesh(np.asarray(devices).reshape(-1, expert), ("data", "expert"))
+    for size, flag in ((expert, "--expert_parallel_size"), (context, "--context_parallel_size"),
+                       (expert * context, "--expert_parallel_size x --context_parallel_size")):
+        if len(devices) % size:
+            raise UserError(f"{flag} {size} does not divide the {len(devices)} devices; use a divisor of "
+                            f"{len(devices)}")
+    shape, names = [len(devices) // (expert * context)], ["data"]
+    for size, name in ((expert, "expert"), (context, "context")):
+        if size > 1:
+            shape, names = shape + [size], names + [name]
+    return Mesh(np.asarray(devices).reshape(shape), tuple(names))
 
 
 def batch_axes(mesh):
-    """The mesh axes the example axis is split over: all of them ('data', or ('data', 'expert'))."""
-    return mesh.axis_names[0] if len(mesh.axis_names) == 1 else tuple(mesh.axis_names)
+    """The mesh axes the example axis is split over: all of them but 'context' ('data', or ('data', 'expert'))."""
+    axes = tuple(name for name in mesh.axis_names if name != "context")
+    return axes[0] if len(axes) == 1 else axes
+
+
+def batch_shards(mesh):
+    """How many ways a batch's rows are split: the devices, over the 'context' axis's size (its devices share rows)."""
+    return mesh.size // (mesh.shape["context"] if "context" in mesh.axis_names else 1)
 
 
 def on_mesh(jitted, mesh):
@@ -103,11 +116,12 @@ def batch_sharding(mesh, leading_axes=0):
 
 def global_batch_size(per_device, global_size, mesh, what):
     """The global batch from --per_device_* or the global flag, checked to divide over the devices."""
-    n = mesh.size
+    n = batch_shards(mesh)  # with context parallelism a row is one group's, not one device's
     if global_size is None:
         return per_device * n
     if global_size <= 0 or global_size % n:
-        raise UserError(f"{what} {global_size} does not divide over the {n} devices; "
+        where = f"the {n} devices" if n == mesh.size else f"the {n} groups of --context_parallel_size devices"
+        raise UserError(f"{what} {global_size} does not divide over {where}; "
                         f"use a multiple of {n} (or the per-device flag)")
     return global_size
 

@@ -41,6 +41,21 @@ def expert_groups(args, model_args, num_devices):
     return math.gcd(num_devices, getattr(load_config(path), "num_experts", 0) or 1, 8)
 
 
+def check_context_parallel(context, model, config, task, target):
+    """A UserError unless --context_parallel_size `context` can split this model's sequences here: a causal LM
+    without attention biases, each group of devices on one host (its rows are that host's) unless only compiled."""
+    import jax
+    from flaxlm.models.decoder import CausalLM
+    if not isinstance(model, CausalLM):
+        raise UserError(f"--context_parallel_size splits a causal LM's sequences, and this is a {config.model_type} "
+                        f"{'model' if task is None else task + ' model'}; drop it")
+    if config.model_type == "bloom":  # ALiBi: a bias on the scores, which the split attention does not take
+        raise UserError("--context_parallel_size does not take BLOOM's ALiBi attention biases; drop it")
+    if target is None and jax.local_device_count() % context:
+        raise UserError(f"--context_parallel_size {context} is more than (or does not divide) this host's "
+                        f"{jax.local_device_count()} devices; a group of devices sharing a row must be one host's")
+
+
 def load_model_and_mesh(args, model_args, target, tokenizer, *, script=None, task=None, lora_args=None,
                         chat_markers=(), add_tokens=None, read_sharded=False, **labels):
     """What a script trains, and on what, in the order a run needs them:
@@ -66,10 +81,16 @@ def load_model_and_mesh(args, model_args, target, tokenizer, *, script=None, tas
     from flaxlm.training.pipeline import attach_lora, batch_sizes, load_model
     import jax
     devices = target.devices if target else jax.devices()
-    mesh = meshlib.make_mesh(devices, expert=expert_groups(args, model_args, len(devices)))
+    context = getattr(args, "context_parallel_size", 1) or 1
+    if context > 1 and args.sharding == "expert":
+        raise UserError("--context_parallel_size with --sharding expert is not supported (the experts' exchange "
+                        "runs over the batch axes); use --sharding fsdp for a long-context mixture of experts")
+    mesh = meshlib.make_mesh(devices, expert=expert_groups(args, model_args, len(devices)), context=context)
     config, model = load_model(model_args, seed=args.seed, script=script, task=task, tokenizer=tokenizer,
                                mesh=mesh if read_sharded else None, sharding=args.sharding,
                                abstract=target is not None, **labels)
+    if context > 1:
+        check_context_parallel(context, model, config, task, target)
     if args.sharding == "expert" and not getattr(config, "num_experts", 0):
         raise UserError(f"--sharding expert splits a mixture of experts' experts, and this {config.model_type} model "
                         f"has none; use --sharding fsdp")

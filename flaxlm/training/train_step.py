@@ -97,23 +97,26 @@ class BatchLayout:
     over the devices), summed inside the step. The pieces are the --gradient_accumulation_steps micro-batches,
     each cut into `chunks` on CPU (cpu_chunks; 1 on accelerators)."""
     global_batch: int
-    devices: int
+    devices: int  # the row shards: the devices, or their --context_parallel_size groups
     accumulation_steps: int
     chunks: int
     piece_rows: int  # rows of one piece, over all devices
     accum: int  # pieces per step: accumulation_steps * chunks
     local_rows: object  # this process's rows of a global batch (a slice or an index array)
     sharding: NamedSharding  # of the device batch: [accum, piece_rows, ...] (or [piece_rows, ...] for one piece)
+    context: int = 1  # devices sharing each row's positions (--context_parallel_size)
 
     @classmethod
     def plan(cls, micro_batch, accumulation_steps, mesh, tokens_per_row, chunk_tokens):
         """The layout of micro_batch rows per accumulation step (a multiple of the mesh's devices)."""
-        chunks = cpu_chunks(micro_batch // mesh.size, tokens_per_row, chunk_tokens)
+        shards = meshlib.batch_shards(mesh)  # the devices, or their groups under context parallelism
+        chunks = cpu_chunks(micro_batch // shards, tokens_per_row, chunk_tokens)
         piece_rows, accum = micro_batch // chunks, accumulation_steps * chunks
-        return cls(global_batch=micro_batch * accumulation_steps, devices=mesh.size,
+        return cls(global_batch=micro_batch * accumulation_steps, devices=shards,
                    accumulation_steps=accumulation_steps, chunks=chunks, piece_rows=piece_rows, accum=accum,
                    local_rows=_accum_slice(meshlib.local_rows(piece_rows), piece_rows, accum),
-                   sharding=meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0))
+                   sharding=meshlib.batch_sharding(mesh, leading_axes=1 if accum > 1 else 0),
+                   context=mesh.size // shards)
 
     def pieces(self, batch):
         """A host batch of this process's rows, its leaves reshaped to [accum, rows, ...] for the step."""
@@ -128,7 +131,9 @@ class BatchLayout:
     def describe(self):
         """'global batch 64 (8 devices x 4 x 2 accumulation, each device computing 2 chunks in turn)'."""
         chunks = f", each device computing {self.chunks} chunks in turn" if self.chunks > 1 else ""
-        return (f"global batch {self.global_batch} ({self.devices} devices x "
+        groups = f"{self.devices} devices" if self.context == 1 else \
+            f"{self.devices} groups of {self.context} devices (context parallel)"
+        return (f"global batch {self.global_batch} ({groups} x "
                 f"{self.piece_rows * self.chunks // self.devices} x {self.accumulation_steps} accumulation{chunks})")
 
 
