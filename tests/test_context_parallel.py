@@ -51,10 +51,9 @@ def loss_and_grads(case, execution, devices, C, B, T):
 
 
 # (case, attention, --scan_layers and full remat, devices, C, rows, positions)
-RUNS = [("llama-gqa-untied", "xla", False, 8, 2, 4, 32),
-        ("llama-gqa-untied", "xla", True, 8, 4, 4, 32),  # scanned, rematerialized layers
+RUNS = [("llama-gqa-untied", "xla", True, 8, 4, 4, 32),  # scanned, rematerialized layers
         ("gemma2-softcap-window4-untied", "xla", False, 8, 4, 4, 32),  # sliding windows, soft-capped scores
-        ("qwen3_moe-experts4-top2-untied", "xla", False, 8, 2, 4, 32),  # experts
+        ("qwen3_moe-experts4-top2-untied", "xla", False, 8, 2, 4, 32),  # experts routed from split positions
         ("llama-gqa-untied", "splash", False, 2, 2, 1, 512)]  # two chunks of 128 queries per device
 
 

@@ -12,10 +12,18 @@ from flaxlm.errors import UserError
 from flaxlm.models import llama
 from flaxlm.models.rope import rope_of
 from parity import assert_load_fails, assert_same_params, batch, jnp_args
-from test_parity import CASE, CASES
+from test_parity import CASE, CASES, LLAMA as LLAMA_FIELDS, family
 
 LLAMA = CASE["llama-gqa-untied"]
-LLAMA_CASES = [c for c in CASES if c.model_type == "llama"]
+ROPE_CASES = {c.name: c for c in family(transformers.LlamaForCausalLM, "causal", LLAMA_FIELDS, {
+    # an old config.json's top-level rope_theta and rope_scaling (transformers 5 moves them to rope_parameters)
+    "rope-linear-legacy": dict(num_key_value_heads=2, rope_theta=500.0,
+                               rope_scaling={"type": "linear", "factor": 2.0}),
+    # head_dim 16 puts RoPE wavelengths in all three llama3 regimes (kept, smoothly scaled, divided by factor)
+    "rope-llama3": dict(num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32})})}
+LLAMA_CASES = [c for c in CASES if c.model_type == "llama"] + list(ROPE_CASES.values())
 
 
 @pytest.mark.parametrize("case", LLAMA_CASES, ids=str)
@@ -105,11 +113,11 @@ def test_rope_frequencies_for_a_transformers4_config_object():
     frequencies as transformers 5's conversion."""
     class Old:
         rope_theta, rope_scaling, max_position_embeddings = 500.0, {"type": "linear", "factor": 2.0}, 64
-    linear = rope_of(CASE["llama-rope-linear-legacy"].config(), 8).inv_freq
+    linear = rope_of(ROPE_CASES["rope-linear-legacy"].config(), 8).inv_freq
     np.testing.assert_array_equal(rope_of(Old(), 8).inv_freq, linear)
     np.testing.assert_array_equal(linear, np.float32(rope_of(LLAMA.config(rope_theta=500.0), 8).inv_freq) / 2)
     # llama3 (wavelengths 2 pi / f against 32 / 4 and 32 / 1): kept, smoothly scaled, divided by factor 8
-    f, f0 = (np.float32(rope_of(c, 16).inv_freq) for c in (CASE["llama-rope-llama3"].config(), LLAMA.config()))
+    f, f0 = (np.float32(rope_of(c, 16).inv_freq) for c in (ROPE_CASES["rope-llama3"].config(), LLAMA.config()))
     assert f[0] == f0[0] and f0[1] / 8 < f[1] < f0[1] and np.allclose(f[2:], f0[2:] / 8, rtol=1e-6)
 
 

@@ -119,14 +119,7 @@ CASES = [
         "gqa-untied": dict(num_key_value_heads=2),
         "mha-tied": dict(num_key_value_heads=4, tie_word_embeddings=True, rms_norm_eps=1e-5),
         "mqa-head_dim-bias": dict(num_key_value_heads=1, head_dim=12, attention_bias=True, mlp_bias=True),
-        # an old config.json's top-level rope_theta and rope_scaling (transformers 5 moves them to rope_parameters)
-        "rope-linear-legacy": dict(num_key_value_heads=2, rope_theta=500.0,
-                                   rope_scaling={"type": "linear", "factor": 2.0}),
-        # head_dim 16 puts RoPE wavelengths in all three llama3 regimes (kept, smoothly scaled, divided by factor)
-        "rope-llama3": dict(num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-    }),
+    }),  # every RoPE type against transformers' logits: tests/test_rope.py
     *family(transformers.MistralForCausalLM, "causal", MISTRAL, {
         "window4-untied": {},
         "no-window-tied": dict(sliding_window=None, tie_word_embeddings=True, num_key_value_heads=4)}),
