@@ -52,6 +52,24 @@ def steps_to_reach(curve, target):
     return None
 
 
+def tokenizer_and_config(w, train, a, log):
+    """(WORK_DIR/tokenizer: a GPT-2 BPE of a.vocab_size tokens on train, WORK_DIR/config: a Llama of a.layers x a.width
+    at a.block positions), each made once."""
+    tok, cfg = os.path.join(w, "tokenizer"), os.path.join(w, "config")
+    if not finished(tok, "tokenizer.json"):
+        run("train_tokenizer.py", ["--type", "gpt2", "--train_file", train, "--vocab_size", str(a.vocab_size),
+                                   "--model_max_length", str(a.block), "--output_dir", tok, "--overwrite_output_dir"],
+            log)
+    if not finished(cfg, "config.json"):
+        heads = max(a.width // 32, 1)
+        run("create_config.py", ["--preset", "llama-tiny", "--tokenizer_name", tok, "--set",
+                                 f"num_hidden_layers={a.layers}", f"hidden_size={a.width}",
+                                 f"num_attention_heads={heads}", f"num_key_value_heads={max(heads // 2, 1)}",
+                                 f"intermediate_size={a.width * 11 // 4}", f"max_position_embeddings={a.block}",
+                                 "--output_dir", cfg], log)
+    return tok, cfg
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work_dir", default="/tmp/optimizer_learning")
@@ -74,18 +92,7 @@ def main(argv=None):
     train, held = bokmaal_texts(w, a.data_dir)
     log = os.path.join(w, "log.txt")
 
-    tok, cfg = os.path.join(w, "tokenizer"), os.path.join(w, "config")
-    if not finished(tok, "tokenizer.json"):
-        run("train_tokenizer.py", ["--type", "gpt2", "--train_file", train, "--vocab_size", str(a.vocab_size),
-                                   "--model_max_length", str(a.block), "--output_dir", tok, "--overwrite_output_dir"],
-            log)
-    if not finished(cfg, "config.json"):
-        heads = max(a.width // 32, 1)
-        run("create_config.py", ["--preset", "llama-tiny", "--tokenizer_name", tok, "--set",
-                                 f"num_hidden_layers={a.layers}", f"hidden_size={a.width}",
-                                 f"num_attention_heads={heads}", f"num_key_value_heads={max(heads // 2, 1)}",
-                                 f"intermediate_size={a.width * 11 // 4}", f"max_position_embeddings={a.block}",
-                                 "--output_dir", cfg], log)
+    tok, cfg = tokenizer_and_config(w, train, a, log)
 
     cooldown = max(int(a.steps * a.cooldown), 1)
     curves = {}  # way -> {rate: curve}
