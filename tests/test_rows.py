@@ -193,3 +193,35 @@ def test_an_edited_copy_of_a_script_tokenizes_anew(tiny_gpt2_dir, corpus, tmp_pa
     fewer, more_files = run(edited, "edited")
     assert len(more_files - files) == 2  # train and validation rows made anew
     assert 0 < fewer < 0.6 * tokens
+
+
+class _CountingTokenizer:
+    """A tokenizer that records how many characters each call is given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __call__(self, texts, **kw):
+        self.calls.append([len(t) for t in texts])
+        return self.tokenizer(texts, **kw)
+
+
+def test_long_documents_are_tokenized_a_part_at_a_time_into_the_same_rows(tokenizer, monkeypatch):
+    """A batch of long documents (books) is tokenized ENCODE_CHARS characters at a time, a longer document alone,
+    its ids kept as int32: the rows are those of the whole batch's ids concatenated and cut, a document longer than
+    a row running on into the next rows and the next document after it, only the batch's last partial row dropped."""
+    docs = [" ".join(corpus(n, seed=n)) for n in (40, 400, 3, 150)]  # ~4k, ~40k, ~300, ~15k characters
+    eos = tokenizer.eos_token_id
+    ids = [x if x[-1] == eos else x + [eos] for x in tokenizer(docs)["input_ids"]]
+    flat = [t for x in ids for t in x]
+    assert len(ids[1]) > 3 * 256
+    whole = rows.documents(tokenizer, 256, eos)(docs)  # the default: one part of this batch
+    np.testing.assert_array_equal(whole, np.reshape(flat[:len(flat) // 256 * 256], (-1, 256)))
+    monkeypatch.setattr(rows, "ENCODE_CHARS", 5000)
+    counting = _CountingTokenizer(tokenizer)
+    np.testing.assert_array_equal(rows.documents(counting, 256, eos)(docs), whole)
+    assert counting.calls == [[len(docs[0])], [len(docs[1])], [len(docs[2])], [len(docs[3])]]
+    lines = corpus(200)
+    counting.calls = []
+    np.testing.assert_array_equal(rows.blocks(counting, 16)(lines), rows.blocks(tokenizer, 16)(lines))
+    assert len(counting.calls) > 1 and all(sum(c) <= 5000 for c in counting.calls)

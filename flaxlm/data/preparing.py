@@ -13,8 +13,8 @@ datasets.map(num_proc=N) cuts them (the rows of the script's --preprocessing_num
 function on batches of GROUP_BATCH texts from its range's start, as datasets.map does. A job writes its rows into
 shards of about shard_bytes of text each, closed at a batch boundary; a finished shard's record (.json, written
 last) says where its text ends. So a rerun keeps the finished shards whose size and checksum hold, continues each
-job after its last one, and ends with the same rows. Memory stays flat: one batch of texts and one shard's open
-files per worker.
+job after its last one, and ends with the same rows. Memory stays flat: one batch of texts (with their ids as int32,
+tokenized rows.ENCODE_CHARS characters at a time) and one shard's open files per worker.
 
 On a pod, every process runs the same command: the plan has workers x processes jobs per split, each process runs
 its contiguous block of them (share) into the one shared out_dir, and process 0 writes the manifest once all have
@@ -343,7 +343,7 @@ class _ShardWriter:
             if rows.size and (rows.min() < 0 or rows.max() > limit):
                 raise UserError(f"a token id outside [0, {limit}] in the {column} rows; the tokenizer's ids must be "
                                 f"below its vocabulary size")
-            data = np.ascontiguousarray(rows, dtype=self.dtype).tobytes()
+            data = np.ascontiguousarray(rows, dtype=self.dtype).reshape(-1).view(np.uint8)  # no bytes copy
             self.files[column].write(data)
             self.crc[column] = zlib.crc32(data, self.crc[column])
         self.rows += len(columns["input_ids"])

@@ -37,6 +37,8 @@ from flaxlm.errors import UserError
 GROUP_BATCH = 1000  # texts per call of a row function (Hugging Face's default map batch)
 MATERIALIZE_BYTES = 2 << 30  # training rows up to this size are held in memory as one numpy array
 STREAM_EVAL_ROWS = 10_000  # validation rows taken from a stream when --max_eval_samples is not set
+ENCODE_CHARS = 1 << 21  # characters of a batch's texts tokenized at a time by blocks and documents (their ids
+# then kept as int32, 4 bytes a token, not as Python lists at ~36 bytes a token plus the tokenizer's encodings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,11 +80,11 @@ def can_pack(raw):
 
 
 def _blocks(texts, tokenizer, length):
-    return _cut(_encode(tokenizer, texts), length)
+    return _cut([_flat(_encode(tokenizer, part)) for part in _parts(texts)], length)
 
 
 def _documents(texts, tokenizer, length, eos):
-    return _cut(_encode_documents(tokenizer, texts, eos), length)
+    return _cut([_flat(_encode_documents(tokenizer, part, eos)) for part in _parts(texts)], length)
 
 
 def _lines(texts, tokenizer, length, pack):
@@ -94,9 +96,30 @@ def _lines(texts, tokenizer, length, pack):
     return {"input_ids": ids_NL, "segment_ids": segment_ids_NL} if pack else ids_NL
 
 
-def _cut(ids, length):
-    """int32 [n, length]: the token lists `ids` concatenated and cut into blocks, the remainder dropped."""
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, sum(map(len, ids)))
+def _parts(texts):
+    """The texts in consecutive lists of at most ENCODE_CHARS characters (a longer text alone): a batch of long
+    documents (a book is ~500k characters, GROUP_BATCH of them 500 MB) is tokenized a part at a time, so memory
+    holds the batch's text and its ids as int32, not the ids of every document as Python ints at once. Each text is
+    tokenized alone either way, so the rows are the same."""
+    part, size = [], 0
+    for t in texts:
+        if part and size + len(t) > ENCODE_CHARS:
+            yield part
+            part, size = [], 0
+        part.append(t)
+        size += len(t)
+    if part:
+        yield part
+
+
+def _flat(ids):
+    """int32 [sum of lengths]: the token lists `ids` concatenated."""
+    return np.fromiter(itertools.chain.from_iterable(ids), np.int32, sum(map(len, ids)))
+
+
+def _cut(flats, length):
+    """int32 [n, length]: the int32 token arrays `flats` concatenated and cut into blocks, the remainder dropped."""
+    flat = flats[0] if len(flats) == 1 else np.concatenate(flats or [np.zeros(0, np.int32)])
     n = len(flat) // length
     return flat[: n * length].reshape(n, length)
 
