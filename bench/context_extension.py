@@ -45,7 +45,8 @@ def long_documents(held, tok, tokens, path):
     (written once); the number of documents."""
     if not os.path.exists(path):
         from transformers import AutoTokenizer
-        tokenizer, docs, lines = AutoTokenizer.from_pretrained(tok, model_max_length=10 ** 9), [], []
+        tokenizer = AutoTokenizer.from_pretrained(tok, model_max_length=10 ** 9, trust_remote_code=False)
+        docs, lines = [], []
         with open(held, encoding="utf-8") as f:
             for line in filter(None, (x.rstrip("\n") for x in f)):
                 lines.append(line)

@@ -17,6 +17,7 @@ from flaxlm.training import mesh as meshlib
 from parity import randomize
 from run_helpers import read_metrics, run_args
 from test_parity import CASE
+from tpu_compile import needs_libtpu
 
 
 def packed_batch(config, B, T, seed=0):
@@ -105,6 +106,7 @@ def test_a_run_resumes_exactly_and_learns_as_without_it(model_dir_for, corpus, t
     assert [r["loss"] for r in split] == pytest.approx(plain, rel=1e-5)
 
 
+@needs_libtpu
 def test_the_tpu_compiler_plans_it_with_splash(model_dir_for, corpus, tmp_path, capsys):
     """--compile_for v5p-8 --context_parallel_size 2: 2 groups of 2 chips, splash attention per chunk."""
     model = model_dir_for("llama-tiny")
