@@ -97,15 +97,11 @@ def assert_devices_match(objective, params, rows, tmp_path, steps=3, global_batc
     np.testing.assert_allclose(losses[8], losses[1], rtol=1e-5)
 
 
-def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_step, rows_class=None):
-    """main(args_for(out, *extra)) run straight for `steps` steps, then again with a simulated crash when the
-    loop asks for step crash_step's rows (of rows_class: ShuffledRows unless given), then resumed from the latest
-    checkpoint: every step's loss of the crashed-and-resumed run equals the straight run's. args_for must give
-    --save_steps dividing crash_step."""
+def run_until_crash(main, argv, monkeypatch, crash_step, rows_class=None):
+    """main(argv) stopped by a simulated crash when the loop asks for step crash_step's rows (of rows_class:
+    ShuffledRows unless given)."""
     from flaxlm.data.rows import ShuffledRows
     rows_class = rows_class or ShuffledRows
-    main(args_for(tmp_path / "straight"))
-    straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
     original = rows_class.batch_rows
 
     def crash(self, step, local):
@@ -116,7 +112,17 @@ def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_st
     with monkeypatch.context() as m:
         m.setattr(rows_class, "batch_rows", crash)
         with pytest.raises(RuntimeError, match="simulated crash"):
-            main(args_for(tmp_path / "resumed"))
+            main(argv)
+
+
+def assert_resume_matches(main, args_for, monkeypatch, tmp_path, steps, crash_step, rows_class=None):
+    """main(args_for(out, *extra)) run straight for `steps` steps, then again with a simulated crash when the
+    loop asks for step crash_step's rows (of rows_class: ShuffledRows unless given), then resumed from the latest
+    checkpoint: every step's loss of the crashed-and-resumed run equals the straight run's. args_for must give
+    --save_steps dividing crash_step."""
+    main(args_for(tmp_path / "straight"))
+    straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
+    run_until_crash(main, args_for(tmp_path / "resumed"), monkeypatch, crash_step, rows_class)
     main(args_for(tmp_path / "resumed", "--resume_from_checkpoint", "latest"))
     resumed = read_metrics(tmp_path / "resumed")
     assert [r["step"] for r in resumed] == list(range(1, steps + 1))

@@ -15,7 +15,7 @@ from flaxlm.models.layer_stack import Execution
 from flaxlm.models.layers import Segments
 from flaxlm.training import mesh as meshlib
 from parity import randomize
-from run_helpers import read_metrics, run_args
+from run_helpers import read_metrics, run_args, run_until_crash
 from test_parity import CASE
 from tpu_compile import needs_libtpu
 
@@ -82,7 +82,6 @@ def test_balanced_order_gives_each_device_the_same_causal_work():
 def test_a_run_resumes_exactly_and_learns_as_without_it(model_dir_for, corpus, tmp_path, monkeypatch):
     """run_clm_flax.py --context_parallel_size 2 on 8 devices (4 groups of 2), stopped at step 3 and resumed:
     every step's loss is the run's without context parallelism (8 devices, the same global batch)."""
-    from flaxlm.data.rows import ShuffledRows
     model = model_dir_for("llama-tiny")
 
     def args(out, *extra):
@@ -90,16 +89,7 @@ def test_a_run_resumes_exactly_and_learns_as_without_it(model_dir_for, corpus, t
                         "--do_eval", "false", "--learning_rate", "3e-3", "--train_batch_size", "8", *extra)
     run_clm_flax.main(args(tmp_path / "plain"))
     plain = [r["loss"] for r in read_metrics(tmp_path / "plain")]
-    original = ShuffledRows.batch_rows
-
-    def crash(self, step, local):
-        if step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, step, local)
-    with monkeypatch.context() as m:
-        m.setattr(ShuffledRows, "batch_rows", crash)
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            run_clm_flax.main(args(tmp_path / "split", "--context_parallel_size", "2"))
+    run_until_crash(run_clm_flax.main, args(tmp_path / "split", "--context_parallel_size", "2"), monkeypatch, 3)
     run_clm_flax.main(args(tmp_path / "split", "--context_parallel_size", "2", "--resume_from_checkpoint", "latest"))
     split = read_metrics(tmp_path / "split")
     assert [r["step"] for r in split] == [1, 2, 3, 4]

@@ -50,9 +50,13 @@ def whole_on_each_device(x_BT):
     return _constrain(x_BT, None)
 
 
+def batch_axes(mesh):
+    """The mesh axes a batch's rows are split over: all but 'context' (whose devices share rows)."""
+    return tuple(name for name in mesh.axis_names if name != "context")
+
+
 def _constrain(x_BT, sequence_axis):
-    names = jax.sharding.get_abstract_mesh().axis_names
-    batch = tuple(name for name in names if name != "context")
+    batch = batch_axes(jax.sharding.get_abstract_mesh())
     return jax.lax.with_sharding_constraint(x_BT, P(batch, sequence_axis, *([None] * (x_BT.ndim - 2))))
 
 

@@ -389,13 +389,8 @@ def _context_parallel_attention(q_BTNH, k_BSKH, v_BSKH, mask, causal, scale, dro
                                                      window=window, segments_BS=segments_BS, softcap=softcap)
         return context_parallel.split_over_context(out_BTNH)
     # XLA: the mask of each query's position (order_T) against each key's
-    distance_TS = jnp.asarray(order_T)[:, None] - jnp.arange(S, dtype=jnp.int32)[None, :]
-    seen_TS = jnp.ones((T, S), bool)
-    if causal:
-        seen_TS = distance_TS >= 0
-    if window is not None:
-        seen_TS = seen_TS & ((distance_TS < window) if causal else (jnp.abs(distance_TS) < window))
-    mask_BTS = seen_TS[None]
+    seen_TS = _seen(jnp.asarray(order_T), S, causal, window)
+    mask_BTS = jnp.ones((1, T, S), bool) if seen_TS is None else seen_TS[None]
     if segments_BS is not None:
         mask_BTS = mask_BTS & (segments_BS[:, order_T][:, :, None] == segments_BS[:, None, :])
     if padding_BS is not None:
@@ -423,6 +418,17 @@ def _mask_rows(mask, start, stop, keys):
     return (mask if mask.shape[2] == 1 else mask[:, :, start:stop])[..., :keys]
 
 
+def _seen(query_positions_T, S, causal, window):
+    """bool [T, S]: which of keys 0..S-1 each query (at its position) sees: those at or before it (causal), the
+    last `window` of them, or within `window` on both sides (not causal); None when it sees them all."""
+    if not causal and window is None:
+        return None
+    distance_TS = query_positions_T[:, None] - jnp.arange(S)[None, :]
+    if causal:
+        return (distance_TS >= 0) if window is None else (distance_TS >= 0) & (distance_TS < window)
+    return jnp.abs(distance_TS) < window
+
+
 def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, dropout_rate, dropout_key, bias=None,
                        window=None, softcap=None):
     """Softmax attention with the probabilities computed (float32) and dropped out; causal: query t (at
@@ -433,12 +439,8 @@ def _dropout_attention(q_BTNH, k_BSNH, v_BSNH, mask, causal, offset, scale, drop
     if bias is not None:
         logits_BNTS = logits_BNTS + bias.astype(jnp.float32)
     logits_BNTS = soft_cap(logits_BNTS, softcap)
-    if causal or window is not None:
-        distance_TS = jnp.arange(T)[:, None] + offset - jnp.arange(S)[None, :]
-        if causal:
-            seen_TS = (distance_TS >= 0) if window is None else (distance_TS >= 0) & (distance_TS < window)
-        else:
-            seen_TS = jnp.abs(distance_TS) < window
+    seen_TS = _seen(jnp.arange(T) + offset, S, causal, window)
+    if seen_TS is not None:
         mask = seen_TS[None, None] if mask is None else mask & seen_TS[None, None]
     if mask is not None:
         logits_BNTS = jnp.where(mask, logits_BNTS, jnp.finfo(jnp.float32).min)

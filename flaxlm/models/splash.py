@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from flaxlm.models.context_parallel import batch_axes
 from flaxlm.platform import platform
 
 BLOCK = 128  # rows and keys of one tile
@@ -76,11 +77,6 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, causal, scale, window=None, segm
         rows = jax.shard_map(rows, mesh=mesh, in_specs=specs, out_specs=batch, check_vma=False)
     out_BKGTH = rows(q_BKGTH, k_BKSH, v_BKSH, segments_BT)
     return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v_BSKH.dtype)
-
-
-def batch_axes(mesh):
-    """The mesh axes a batch's rows are split over: all but 'context' (whose devices share rows)."""
-    return tuple(name for name in mesh.axis_names if name != "context")
 
 
 def context_parallel_attention(q_BTNH, k_BSKH, v_BSKH, order_T, *, causal, scale, window=None, segments_BS=None,
